@@ -1,0 +1,25 @@
+# The two commands of the README. Both do all set-up idempotently (see scripts/setup.sh).
+.PHONY: run test setup-run setup-test lint bench clean
+
+PY := .venv/bin/python
+ARGS ?=
+
+run: setup-run
+	.venv/bin/perfbalance run $(ARGS)
+
+test: setup-test
+	.venv/bin/lint-imports
+	$(PY) -m pytest -p no:cacheprovider $(ARGS)
+
+setup-run:
+	scripts/setup.sh run
+
+setup-test:
+	scripts/setup.sh test
+
+bench: setup-test
+	.venv/bin/perfbalance bench collect --json
+	.venv/bin/perfbalance bench plan --json
+
+clean:
+	rm -rf .venv build *.egg-info

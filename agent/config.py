@@ -1,0 +1,196 @@
+"""The agent's configuration: one YAML file, defaults embedded, per-node overrides, hot reload.
+
+The file is validated as a whole against the dataclasses below (and the sections each package
+declares); an unknown key or a bad value is an error naming file, key path and value. A new file
+that fails validation is rejected and the last good configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from collectors.config import CollectorsConfig
+from perfbalance.cpuset import CpuSet
+from perfbalance.errors import ConfigError, ParseError
+from perfbalance.settings import build, setting
+from rebalancer.config import RebalancerConfig
+from resctrl.config import ResctrlConfig
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _cpulist(value: Any) -> str | None:
+    try:
+        CpuSet.parse(value)
+    except ParseError as e:
+        return f"not a CPU list ({e.reason})"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSection:
+    interval_seconds: float = setting(10.0, "Length of one sample window / cycle.", min=0.1, max=3600)
+    run_dir: str = setting("/run/perfbalance", "Run directory (lock, checkpoint, private kernel-header tree); created if missing.")
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info", "Log level.")
+    log_format: Literal["json", "text"] = setting("json", "Structured JSON logs or human text.")
+    dry_run: bool = setting(False, "Plan but never act (same as `perfbalance run --dry-run`).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSection:
+    sysfs_root: str = setting("/sys", "Where the host's sysfs is mounted.")
+    procfs_root: str = setting("/proc", "Where the host's procfs is mounted (hostPID needed for container PIDs).")
+    cgroup_root: str = setting("/sys/fs/cgroup", "Where the host's cgroup filesystems are mounted (v1 controllers, v2, or hybrid).")
+    kubelet_root: str = setting("/var/lib/kubelet", "The kubelet's root directory (cpu_manager_state is read from here, never written).")
+    tracefs_root: str = setting("/sys/kernel/tracing", "tracefs mount point (mounted by the agent if missing).")
+    modules_root: str = setting("/lib/modules", "Kernel modules/headers directory of the host.")
+    headers_search: tuple[str, ...] = setting(factory=lambda: ("/usr/src",), doc="Where packaged kernel headers may be found.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoverySection:
+    kubernetes: bool = setting(True, "Find Kubernetes containers under kubepods (systemd and cgroupfs drivers, containerd and CRI-O).")
+    globs: tuple[str, ...] = setting(factory=tuple, doc="Extra cgroup path globs (relative to the cgroup root) treated as containers, e.g. 'perfbalance-demo/*'.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpusetSection:
+    reserved_cpus: str = setting("", "CPUs reserved for the system (the kubelet's reservedSystemCPUs); never given to containers.", check=_cpulist)
+    allow_isolated: bool = setting(False, "Allow placing containers on isolcpus CPUs.")
+    reassert_drift: bool = setting(True, "Re-apply our cpuset when the kubelet or runtime rewrote it (counted; backs off).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSection:
+    enabled: bool = setting(True, "Serve Prometheus metrics, /healthz, /readyz and the node view.")
+    listen: str = setting("0.0.0.0:9847", "Listen address host:port (use 127.0.0.1 behind kube-rbac-proxy).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttSection:
+    enabled: bool = setting(False, "Publish rebalance events and status over MQTT.")
+    host: str = setting("localhost", "Broker host.")
+    port: int = setting(1883, "Broker port.", min=1, max=65535)
+    topic_prefix: str = setting("perfbalance", "Topics are <prefix>/<node>/events/rebalance and <prefix>/<node>/status.")
+    queue_size: int = setting(1000, "Bounded event queue; the oldest event is dropped (and counted) when full.", min=1)
+    username: str = setting("", "User name.")
+    password_file: str = setting("", "File holding the password.")
+    tls: bool = setting(False, "Use TLS.")
+    ca_file: str = setting("", "CA bundle for TLS.")
+    cert_file: str = setting("", "Client certificate for TLS.")
+    key_file: str = setting("", "Client key for TLS.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VmSection:
+    enabled: bool = setting(True, "Recognise VM-sandboxed pods (Kata, KubeVirt) and act on their VMM's vCPU threads.")
+    vcpu_patterns: tuple[str, ...] = setting(factory=lambda: (r"^CPU (\d+)/KVM$", r"^vcpu(\d+)$", r"^fc_vcpu (\d+)$"), doc="Regexes on thread names (comm) that mark vCPU threads; group 1 is the vCPU index.")
+    vmm_overhead_mcpu: int = setting(0, "VMM overhead added when sizing a sandbox's vCPUs, in milli-CPU.", min=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    agent: AgentSection = setting(factory=AgentSection)
+    host: HostSection = setting(factory=HostSection)
+    discovery: DiscoverySection = setting(factory=DiscoverySection)
+    cpuset: CpusetSection = setting(factory=CpusetSection)
+    collectors: CollectorsConfig = setting(factory=CollectorsConfig)
+    rebalancer: RebalancerConfig = setting(factory=RebalancerConfig)
+    resctrl: ResctrlConfig = setting(factory=ResctrlConfig)
+    metrics: MetricsSection = setting(factory=MetricsSection)
+    mqtt: MqttSection = setting(factory=MqttSection)
+    vm: VmSection = setting(factory=VmSection)
+
+
+def node_name() -> str:
+    """The node's name: NODE_NAME (the DaemonSet sets it from spec.nodeName) or the hostname."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `over` into `base` (mappings merge, everything else replaces)."""
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_config(text: str, *, source: str, node: str) -> Config:
+    """Parse YAML text into a Config, applying `nodes: {<node>: {...}}` overrides for `node`."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(source, "", where, f"not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, "", data, "top level must be a mapping")
+    data = dict(data)
+    nodes = data.pop("nodes", {}) or {}
+    if not isinstance(nodes, Mapping):
+        raise ConfigError(source, "nodes", nodes, "must be a mapping of node name to overrides")
+    for name, over in nodes.items():
+        if not isinstance(over, Mapping):
+            raise ConfigError(source, f"nodes.{name}", over, "must be a mapping")
+        # Every override is validated, not only ours: a typo for another node is still a typo.
+        build(Config, merge(data, over), source=source, path="")
+    if node in nodes:
+        data = merge(data, nodes[node])
+    return build(Config, data, source=source)
+
+
+def load_config(path: str | None, *, node: str | None = None) -> Config:
+    """Load the file at `path` (None: the embedded defaults)."""
+    node = node or node_name()
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(path, "", path, f"cannot read ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, "", f"{len(raw)}+ bytes", f"larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, "", f"byte {e.start}", "not UTF-8") from None
+    return parse_config(text, source=path, node=node)
+
+
+class ConfigWatcher:
+    """Notices when the config file changes (a ConfigMap swaps a symlink: follow it).
+
+    `poll()` returns a new Config when the file changed and is valid, raises ConfigError when it
+    changed and is invalid (the caller keeps the last good one), and returns None otherwise.
+    """
+
+    def __init__(self, path: str, *, node: str | None = None) -> None:
+        self.path, self.node = path, node
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[Any, ...]:
+        try:
+            st = os.stat(self.path)  # follows ..data symlink swaps
+            return (os.path.realpath(self.path), st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError as e:
+            return ("missing", e.errno)
+
+    def poll(self) -> Config | None:
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return None
+        self._seen = stamp
+        return load_config(self.path, node=self.node)

@@ -1,0 +1,117 @@
+"""What one cycle produced, and the agent's running totals: the only thing exports read.
+
+The loop builds one immutable CycleReport per cycle and swaps it in atomically; the Prometheus
+collector, the node view, `run --json` and MQTT read it without doing I/O or resetting anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfbalance.model import Plan, Snapshot
+
+
+@dataclass(frozen=True, kw_only=True)
+class Applied:
+    """An action the actuators carried out (or tried to)."""
+
+    event_id: str
+    kind: str
+    container: str
+    frm: str
+    to: str
+    reason: str
+    ok: bool
+    error: str = ""
+    predicted_benefit: float = 0.0
+    predicted_cost: float = 0.0
+    time: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "kind": self.kind, "container": self.container,
+                "from": self.frm, "to": self.to, "reason": self.reason, "ok": self.ok,
+                "error": self.error, "predicted_benefit": self.predicted_benefit,
+                "predicted_cost": self.predicted_cost, "time": self.time}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Realized:
+    """After a move has settled: what the victims actually gained against the prediction."""
+
+    event_id: str
+    container: str
+    predicted: float
+    realized: float
+    rolled_back: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class CycleReport:
+    cycle: int
+    time: float
+    snapshot: Snapshot
+    plan: Plan
+    applied: tuple[Applied, ...] = ()
+    realized: tuple[Realized, ...] = ()
+    errors: tuple[str, ...] = ()
+    plan_seconds: float = 0.0
+    collect_seconds: float = 0.0
+    vcpu_map: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # container -> host cpu -> vcpu
+
+    def to_json(self) -> dict[str, Any]:
+        """The `perfbalance run --json` line (docs/run-json.md)."""
+        snap = self.snapshot.to_json()
+        return {
+            "cycle": self.cycle, "time": self.time, "node": snap["node"], "window": snap["window"],
+            "containers": snap["containers"], "plan": self.plan.to_json(),
+            "applied": [a.to_json() for a in self.applied], "errors": list(self.errors),
+            "collectors": snap["collectors"], "topology": snap["topology"],
+            "kubelet": snap["kubelet"], "reserved": snap["reserved"],
+            "node_metrics": snap["node_metrics"],
+            "vcpu_map": {c: {str(h): v for h, v in m.items()} for c, m in self.vcpu_map.items()},
+        }
+
+
+@dataclass
+class AgentState:
+    """Mutable running state of the agent, shared with the exporters (read under a lock)."""
+
+    node: str = ""
+    latest: CycleReport | None = None
+    moves_total: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason)
+    rollbacks_total: int = 0
+    drift_reasserted_total: int = 0
+    action_errors_total: Counter[str] = field(default_factory=Counter)  # errno name / kind
+    collector_errors_total: Counter[str] = field(default_factory=Counter)
+    config_reloads_total: Counter[str] = field(default_factory=Counter)  # "ok" / "invalid"
+    config_valid: bool = True
+    config_error: str = ""
+    config_loaded_time: float = 0.0
+    realized: list[Realized] = field(default_factory=list)  # recent, bounded
+    ready: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. resctrl free CLOSIDs/RMIDs
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, report: CycleReport) -> None:
+        with self.lock:
+            self.latest = report
+            self.ready = True
+
+    def view(self) -> Mapping[str, Any]:
+        """A consistent copy for a scrape or a page."""
+        with self.lock:
+            return {
+                "node": self.node, "latest": self.latest, "moves_total": dict(self.moves_total),
+                "rollbacks_total": self.rollbacks_total,
+                "drift_reasserted_total": self.drift_reasserted_total,
+                "action_errors_total": dict(self.action_errors_total),
+                "collector_errors_total": dict(self.collector_errors_total),
+                "config_reloads_total": dict(self.config_reloads_total),
+                "config_valid": self.config_valid, "config_error": self.config_error,
+                "config_loaded_time": self.config_loaded_time,
+                "realized": list(self.realized), "ready": self.ready, "extra": dict(self.extra),
+            }

@@ -1,0 +1,31 @@
+"""The collector protocol: what the agent loop expects of every collector.
+
+Collectors are synchronous (the loop runs them in a worker thread, all in the same window) and
+never raise out of `collect`: a per-container failure is skipped (a vanished container is
+normal), a collector-wide failure flips `status()` to down with a reason, logged once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from perfbalance.model import CollectorStatus, Container
+
+Metrics = Mapping[str, Mapping[str, float]]  # container id -> metric name -> value
+
+
+class Collector(Protocol):
+    name: str
+
+    def start(self) -> CollectorStatus:
+        """Open what is needed (BPF programs, perf fds, groups). Never raises: returns down+reason."""
+
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        """Metrics for this window: rates over the time since the previous call, per container."""
+
+    def status(self) -> CollectorStatus:
+        """Up or down, and why."""
+
+    def close(self) -> None:
+        """Release everything (detach BPF, close fds, remove our groups). Idempotent."""

@@ -1,0 +1,1 @@
+"""resctrl: Intel RDT classes and monitoring groups, configured the way the kernel expects."""

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine, run as root by `make run` / `make test`.
+#   scripts/setup.sh run    apt packages the agent needs, the venv with the project
+#   scripts/setup.sh test   the same plus test-only services and tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-run}
+
+RUN_PKGS=(python3 python3-venv python3-bpfcc linux-headers-amd64 bpfcc-tools)
+TEST_PKGS=(mosquitto prometheus stress-ng chromium fuse3 libfuse3-3 procps util-linux)
+
+pkgs=("${RUN_PKGS[@]}")
+[ "$MODE" = test ] && pkgs+=("${TEST_PKGS[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing apt packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The distribution enables these services on install; the tests start their own instances.
+if [ "$MODE" = test ]; then
+    for svc in mosquitto prometheus; do
+        systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    done
+fi
+
+PY=/usr/bin/python3          # Debian's python: python3-bpfcc is built for it
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+# bcc is pure Python over libbcc; expose only that package from Debian's dist-packages.
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$SITE/bcc" ]; then
+    ln -s /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+fi
+
+EXTRA=""
+[ "$MODE" = test ] && EXTRA="[test]"
+STAMP="$VENV/.installed-$MODE"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+    echo "setup: installing perfbalance$EXTRA into $VENV"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q -e ".$EXTRA"
+    touch "$STAMP"
+fi

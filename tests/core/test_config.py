@@ -1,0 +1,65 @@
+import pytest
+
+from agent.config import Config, ConfigWatcher, load_config, parse_config
+from perfbalance.errors import ConfigError
+
+
+def test_empty_file_is_the_defaults():
+    assert parse_config("", source="c.yaml", node="n1") == Config()
+
+
+def test_unknown_key_names_file_path_and_value():
+    with pytest.raises(ConfigError) as e:
+        parse_config("rebalancer:\n  margn: 3\n", source="c.yaml", node="n1")
+    assert "c.yaml" in str(e.value) and "rebalancer.margn" in str(e.value) and "3" in str(e.value)
+
+
+@pytest.mark.parametrize("text,path", [
+    ("agent:\n  interval_seconds: -1\n", "agent.interval_seconds"),
+    ("agent:\n  interval_seconds: fast\n", "agent.interval_seconds"),
+    ("cpuset:\n  reserved_cpus: 'x-y'\n", "cpuset.reserved_cpus"),
+    ("resctrl:\n  rdt: maybe\n", "resctrl.rdt"),
+    ("discovery:\n  globs: 'a/*'\n", "discovery.globs"),
+    ("nodes:\n  other:\n    agent: {bogus: 1}\n", "agent.bogus"),
+])
+def test_bad_values_are_rejected_with_key_path(text, path):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="c.yaml", node="n1")
+    assert path in str(e.value)
+
+
+def test_yaml_syntax_error_says_where():
+    with pytest.raises(ConfigError) as e:
+        parse_config("agent: [\n", source="c.yaml", node="n1")
+    assert "line" in str(e.value)
+
+
+def test_node_override_applies_only_to_that_node():
+    text = "rebalancer:\n  margin: 0.1\nnodes:\n  big:\n    rebalancer:\n      margin: 0.5\n"
+    assert parse_config(text, source="c", node="big").rebalancer.margin == 0.5
+    assert parse_config(text, source="c", node="small").rebalancer.margin == 0.1
+
+
+def test_watcher_reloads_on_symlink_swap_and_rejects_invalid(tmp_path):
+    (tmp_path / "v1").mkdir(); (tmp_path / "v2").mkdir(); (tmp_path / "v3").mkdir()
+    (tmp_path / "v1" / "c.yaml").write_text("rebalancer: {margin: 0.1}\n")
+    (tmp_path / "v2" / "c.yaml").write_text("rebalancer: {margin: 0.2}\n")
+    (tmp_path / "v3" / "c.yaml").write_text("rebalancer: {margin: nope}\n")
+    (tmp_path / "..data").symlink_to("v1")
+    (tmp_path / "c.yaml").symlink_to("..data/c.yaml")
+    path = str(tmp_path / "c.yaml")
+    w = ConfigWatcher(path, node="n")
+    assert load_config(path, node="n").rebalancer.margin == 0.1
+    assert w.poll() is None
+    (tmp_path / "..tmp").symlink_to("v2"); (tmp_path / "..tmp").rename(tmp_path / "..data")
+    assert w.poll().rebalancer.margin == 0.2
+    (tmp_path / "..tmp").symlink_to("v3"); (tmp_path / "..tmp").rename(tmp_path / "..data")
+    with pytest.raises(ConfigError):
+        w.poll()
+    assert w.poll() is None  # reported once, not on every poll
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "nope.yaml"))
+    assert "nope.yaml" in str(e.value)
