@@ -14,6 +14,8 @@ from typing import Any
 
 from perfbalance.model import Plan, Snapshot
 
+RECENT_APPLIED = 50  # how many applied actions the node view and /api/state keep
+
 
 @dataclass(frozen=True, kw_only=True)
 class Applied:
@@ -94,12 +96,15 @@ class AgentState:
     realized: list[Realized] = field(default_factory=list)  # recent, bounded
     ready: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. resctrl free CLOSIDs/RMIDs
+    recent_applied: list[Applied] = field(default_factory=list)  # last RECENT_APPLIED, oldest first
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def publish(self, report: CycleReport) -> None:
         with self.lock:
             self.latest = report
             self.ready = True
+            self.recent_applied.extend(report.applied)
+            del self.recent_applied[:-RECENT_APPLIED]
 
     def view(self) -> Mapping[str, Any]:
         """A consistent copy for a scrape or a page."""
@@ -114,4 +119,5 @@ class AgentState:
                 "config_valid": self.config_valid, "config_error": self.config_error,
                 "config_loaded_time": self.config_loaded_time,
                 "realized": list(self.realized), "ready": self.ready, "extra": dict(self.extra),
+                "recent_applied": list(self.recent_applied),
             }
