@@ -71,6 +71,15 @@ class CpusetSection:
 class MetricsSection:
     enabled: bool = setting(True, "Serve Prometheus metrics, /healthz, /readyz and the node view.")
     listen: str = setting("0.0.0.0:9847", "Listen address host:port (use 127.0.0.1 behind kube-rbac-proxy).")
+    node_view: bool = setting(True, "Serve the live node view at / (the JSON at /api/state is always served).")
+    stale_after_seconds: float = setting(0.0, "/healthz fails when the last cycle is older than this; 0: 3 x agent.interval_seconds, at least 30 s.", min=0.0)
+    memory_bandwidth_peak_bytes_per_second: float = setting(0.0, "Sustainable memory bandwidth of one NUMA node, for perfbalance_memory_bandwidth_saturation_ratio; 0: take node_metrics 'memory_bandwidth_peak_bytes_per_second' or leave the ratio out.", min=0.0)
+
+
+def _topic_prefix(value: Any) -> str | None:
+    if not value or any(ch in value for ch in "+#\0") or "" in value.split("/"):
+        return "not a usable MQTT topic prefix (no wildcards, no empty levels)"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,10 +87,16 @@ class MqttSection:
     enabled: bool = setting(False, "Publish rebalance events and status over MQTT.")
     host: str = setting("localhost", "Broker host.")
     port: int = setting(1883, "Broker port.", min=1, max=65535)
-    topic_prefix: str = setting("perfbalance", "Topics are <prefix>/<node>/events/rebalance and <prefix>/<node>/status.")
+    topic_prefix: str = setting("perfbalance", "Topics are <prefix>/<node>/events/rebalance and <prefix>/<node>/status.", check=_topic_prefix)
     queue_size: int = setting(1000, "Bounded event queue; the oldest event is dropped (and counted) when full.", min=1)
     username: str = setting("", "User name.")
-    password_file: str = setting("", "File holding the password.")
+    username_file: str = setting("", "File holding the user name (a mounted Secret); overrides username.")
+    password: str = setting("", "Password inline (prefer password_file).")
+    password_file: str = setting("", "File holding the password (a mounted Secret); overrides password.")
+    client_id: str = setting("", "MQTT client id; empty: perfbalance-<node>.")
+    keepalive_seconds: int = setting(30, "MQTT keepalive; the broker sends the Last Will after 1.5 x this without traffic.", min=5, max=3600)
+    reconnect_max_seconds: float = setting(30.0, "Upper bound of the exponential reconnect backoff.", min=0.1, max=3600)
+    tls_insecure: bool = setting(False, "Skip the broker host name check (test brokers only).")
     tls: bool = setting(False, "Use TLS.")
     ca_file: str = setting("", "CA bundle for TLS.")
     cert_file: str = setting("", "Client certificate for TLS.")
