@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,11 +104,42 @@ class MqttSection:
     key_file: str = setting("", "Client key for TLS.")
 
 
+def _vcpu_regexes(value: Any) -> str | None:
+    for pattern in value:
+        problem = _regex(pattern)
+        if problem:
+            return problem
+        if re.compile(pattern).groups < 1:
+            return f"pattern {pattern!r} has no group 1 for the vCPU index"
+    return None
+
+
+def _regexes(value: Any) -> str | None:
+    for pattern in value:
+        problem = _regex(pattern)
+        if problem:
+            return problem
+    return None
+
+
+def _regex(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"pattern {pattern!r} is not a regular expression ({e})"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class VmSection:
     enabled: bool = setting(True, "Recognise VM-sandboxed pods (Kata, KubeVirt) and act on their VMM's vCPU threads.")
-    vcpu_patterns: tuple[str, ...] = setting(factory=lambda: (r"^CPU (\d+)/KVM$", r"^vcpu(\d+)$", r"^fc_vcpu (\d+)$"), doc="Regexes on thread names (comm) that mark vCPU threads; group 1 is the vCPU index.")
+    vcpu_patterns: tuple[str, ...] = setting(factory=lambda: (r"^CPU (\d+)/KVM$", r"^vcpu(\d+)$", r"^fc_vcpu (\d+)$"), doc="Regexes on thread names (comm) that mark vCPU threads; group 1 is the vCPU index.", check=_vcpu_regexes)
+    vmm_patterns: tuple[str, ...] = setting(factory=lambda: (r"^qemu-system-", r"^qemu-kvm$", r"^cloud-hyperviso", r"^firecracker$"), doc="Regexes on a process's comm or executable name that mark a VMM (comm is cut to 15 characters).", check=_regexes)
     vmm_overhead_mcpu: int = setting(0, "VMM overhead added when sizing a sandbox's vCPUs, in milli-CPU.", min=0)
+    detect_unlabelled: bool = setting(True, "Also look for a VMM in pods whose containers are not marked as VM-sandboxed (one comm read per process).")
+    pin_exclusive: bool = setting(True, "Pin one vCPU per CPU dedicated to a container (1:1) and keep the host CPU <-> vCPU mapping.")
+    system_vcpus: int = setting(1, "Lowest vCPU indices left unpinned for the guest's own work when the VM has enough vCPUs.", min=0)
+    max_cgroup_depth: int = setting(4, "How deep below a pod's cgroup to look for the VMM's processes.", min=0, max=16)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,351 @@
+"""VM sandboxes (Kata, KubeVirt), the pure part: vCPU sizing, vCPU pinning plans, guest NUMA.
+
+A container in a VM sandbox runs on the VMM's vCPU threads, not on the processes in its own
+cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone translates them:
+
+* the sandbox mask (Kata issue #878, "mandatory" part): vCPU threads may run on the OR of the
+  sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
+  workers) go to the shared pool, never onto CPUs dedicated to containers (bergwolf's design);
+* 1:1 pinning (the same issue, second part): each CPU dedicated to a container gets its own vCPU,
+  the host CPU <-> vCPU mapping is kept stable across moves and translates a container's host
+  cpuset into the guest vCPU ids the in-guest agent must apply (so `nproc` inside matches);
+* sizing (Kata PR #7623): the vCPUs a sandbox needs are the VMM overhead plus the containers'
+  limits, summed in milli-CPU and rounded up once;
+* guest NUMA (KubeVirt PR "numa topology passthrough"): guest nodes whose vCPUs are pinned to one
+  host node each, hugepages split as evenly as possible, and moves that keep vCPUs per host node.
+
+Everything here is a pure function of values; the agent's `agent/vmm.py` finds the threads and
+applies the affinities this module plans.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from perfbalance import mcpu
+from perfbalance.cpuset import CpuSet, union
+from perfbalance.errors import PerfbalanceError
+from perfbalance.model import Container, KubeletState
+from perfbalance.topology import Topology
+
+HUGEPAGE_2M = 2 << 20
+
+
+class VmLayoutError(PerfbalanceError, ValueError):
+    """A VM layout (pinning, guest NUMA, hugepages, vCPU translation) cannot be built as asked."""
+
+    def __init__(self, what: str, value: object, reason: str) -> None:
+        self.what, self.value, self.reason = what, value, reason
+        super().__init__(f"{what}: {reason}: {value!r}")
+
+
+# -- sizing (seed 001) ---------------------------------------------------------------------------
+
+def vcpus_needed(*, overhead_mcpu: int, limits_mcpu: Iterable[int | None]) -> int:
+    """vCPUs a sandbox needs: VMM overhead + containers' CPU limits, in mCPU, rounded up once.
+
+    A container without a limit (None) adds nothing; the VM always has at least one vCPU.
+    overhead 0 + no limits -> 1; 750 + 250 -> 1; 750 + 1200 -> 2 (not 1 + ceil(1.2) = 3).
+    """
+    if overhead_mcpu < 0:
+        raise VmLayoutError("VMM overhead", overhead_mcpu, "must be >= 0 mCPU")
+    limits = [lim for lim in limits_mcpu if lim is not None]
+    if any(lim < 0 for lim in limits):
+        raise VmLayoutError("container limits", limits, "must be >= 0 mCPU")
+    return max(1, mcpu.to_cpus(overhead_mcpu + mcpu.total(limits)))
+
+
+def sandbox_vcpus(containers: Iterable[Container], *, overhead_mcpu: int) -> int:
+    """`vcpus_needed` for a sandbox's containers (their `limit_mcpu`): the planner's capacity."""
+    return vcpus_needed(overhead_mcpu=overhead_mcpu, limits_mcpu=(c.limit_mcpu for c in containers))
+
+
+# -- where helper threads may run -----------------------------------------------------------------
+
+def shared_pool(*, online: CpuSet, kubelet: KubeletState, reserved: CpuSet,
+                containers: Iterable[Container] = ()) -> CpuSet:
+    """The kubelet's shared pool: defaultCpuSet (all online CPUs without a static policy), minus
+    reserved CPUs and minus every CPU dedicated to a container (kubelet state or `exclusive`)."""
+    base = kubelet.default_cpuset if kubelet.default_cpuset else online
+    dedicated = kubelet.dedicated() | union(c.cpuset for c in containers if c.exclusive)
+    return (base & online if online else base) - reserved - dedicated
+
+
+# -- 1:1 pinning and the host <-> vCPU mapping (seed 000, second part) ---------------------------
+
+VcpuMap = Mapping[str, Mapping[int, int]]  # container id -> host cpu -> vCPU index
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pinning:
+    """Which vCPU each dedicated host CPU got, per container, and what could not be done."""
+
+    mapping: Mapping[str, Mapping[int, int]]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def pinned(self) -> dict[int, int]:
+        """vCPU index -> host CPU over all containers."""
+        return {v: h for m in self.mapping.values() for h, v in m.items()}
+
+
+def map_vcpus(*, exclusive: Mapping[str, CpuSet], vcpus: Iterable[int],
+              previous: VcpuMap | None = None, system_vcpus: int = 1,
+              topology: Topology | None = None) -> Pinning:
+    """Give every CPU dedicated to a container its own vCPU, keeping earlier pairs where possible.
+
+    Pairs of `previous` whose host CPU is still the container's and whose vCPU still exists are
+    kept. A container's new host CPUs take the vCPUs its dropped CPUs released (on the same host
+    NUMA node first, when `topology` is given), then free vCPUs, the lowest `system_vcpus`
+    indices last (they stay unpinned for the guest's own work when there are enough). A container
+    that cannot get one vCPU per dedicated CPU gets no pinning at all, and a problem says why.
+    """
+    previous = previous or {}
+    free = set(vcpus)
+    kept: dict[str, dict[int, int]] = {}
+    for cid in sorted(exclusive):
+        kept[cid] = {}
+        for host, v in sorted(previous.get(cid, {}).items()):
+            if host in exclusive[cid] and v in free:
+                kept[cid][host] = v
+                free.discard(v)
+    mapping: dict[str, dict[int, int]] = {}
+    problems: list[str] = []
+    for cid in sorted(exclusive):
+        others = {v for o, m in previous.items() if o != cid for v in m.values()}
+        pairs = _complete(exclusive[cid], kept[cid], free, previous.get(cid, {}),
+                          _Prefs(system_vcpus=system_vcpus, others=others, topology=topology))
+        if pairs is None:
+            free.update(kept[cid].values())
+            problems.append(f"container {cid}: {len(exclusive[cid])} dedicated CPUs "
+                            f"({exclusive[cid]}) but only {len(free)} unpinned vCPUs left; "
+                            "its vCPUs float over the sandbox mask")
+            continue
+        mapping[cid] = pairs
+    return Pinning(mapping=mapping, problems=tuple(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Prefs:
+    system_vcpus: int
+    others: set[int]  # vCPUs other containers held before: taken last, so they can get them back
+    topology: Topology | None
+
+
+def _complete(cpus: CpuSet, kept: dict[int, int], free: set[int], before: Mapping[int, int],
+              prefs: _Prefs) -> dict[int, int] | None:
+    todo = [h for h in cpus if h not in kept]
+    if len(todo) > len(free):
+        return None
+    pairs = dict(kept)
+    released = {v: h for h, v in before.items() if v in free}
+    for host in todo:
+        v = _pick(host, released, free, prefs)
+        pairs[host] = v
+        free.discard(v)
+        released.pop(v, None)
+    return dict(sorted(pairs.items()))
+
+
+def _pick(host: int, released: Mapping[int, int], free: set[int], prefs: _Prefs) -> int:
+    if released:
+        if prefs.topology is not None:
+            node = _node(prefs.topology, host)
+            same = [v for v, h in sorted(released.items()) if _node(prefs.topology, h) == node]
+            if same:
+                return same[0]
+        return min(released)
+    return min(free, key=lambda v: (v in prefs.others, v < prefs.system_vcpus, v))
+
+
+def _node(topology: Topology, cpu: int) -> int:
+    try:
+        return topology.cpu(cpu).node
+    except KeyError:
+        return -1
+
+
+def to_guest(mapping: Mapping[int, int], host: CpuSet, *, container: str = "") -> CpuSet:
+    """The guest vCPU ids a host cpuset corresponds to under `mapping` (host cpu -> vCPU).
+
+    This is what the in-guest agent must apply as the container's cpuset (seed 000, Case II:
+    host CPUs 4-6 are vCPUs 1-3 inside). Every host CPU must be mapped."""
+    missing = host - CpuSet(mapping)
+    if missing:
+        raise VmLayoutError(f"host cpuset of {container or 'container'}", str(host),
+                            f"host CPUs {missing} have no vCPU pinned to them")
+    return CpuSet(mapping[h] for h in host)
+
+
+def to_host(mapping: Mapping[int, int], guest: CpuSet, *, container: str = "") -> CpuSet:
+    """The inverse of `to_guest`: host CPUs under the given vCPU ids."""
+    back = {v: h for h, v in mapping.items()}
+    missing = guest - CpuSet(back)
+    if missing:
+        raise VmLayoutError(f"guest cpuset of {container or 'container'}", str(guest),
+                            f"vCPUs {missing} are not pinned to a host CPU")
+    return CpuSet(back[v] for v in guest)
+
+
+# -- the affinity plan of one sandbox (seed 000) ---------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxPlan:
+    """Where every thread of one VM sandbox should run, and what the guest should be told."""
+
+    mask: CpuSet  # OR of the sandbox's containers' cpusets
+    pool: CpuSet  # the node's shared pool
+    vcpu_affinity: Mapping[int, CpuSet]  # vCPU index -> host CPUs
+    helper_affinity: CpuSet
+    mapping: Mapping[str, Mapping[int, int]]  # container id -> host cpu -> vCPU
+    guest_cpusets: Mapping[str, CpuSet]  # container id -> vCPU ids to apply inside the guest
+    problems: tuple[str, ...] = field(default=())
+
+
+def plan_sandbox(*, containers: Sequence[Container], vcpus: Iterable[int], pool: CpuSet,
+                 previous: VcpuMap | None = None, system_vcpus: int = 1,
+                 pin_exclusive: bool = True, topology: Topology | None = None) -> SandboxPlan:
+    """Plan the affinity of a sandbox's vCPU and helper threads.
+
+    Dedicated CPUs of `exclusive` containers each get one vCPU pinned 1:1 (when `pin_exclusive`);
+    the other vCPUs float over the sandbox mask minus those CPUs (or the pool when nothing is
+    left: the guest's own work then shares the pool, as bergwolf proposed); helpers get the pool.
+    Empty sets fall back to the sandbox mask so that no thread is ever left without a CPU.
+    """
+    vcpu_ids = sorted(set(vcpus))
+    mask = union(c.cpuset for c in containers)
+    exclusive = {c.id: c.cpuset for c in containers if c.exclusive and c.cpuset}
+    pinning = (map_vcpus(exclusive=exclusive, vcpus=vcpu_ids, previous=previous,
+                         system_vcpus=system_vcpus, topology=topology)
+               if pin_exclusive else Pinning(mapping={}))
+    problems = list(pinning.problems)
+    pinned = pinning.pinned
+    floating_cpus = _first_nonempty(mask - CpuSet(pinned.values()), pool, mask)
+    helpers = _first_nonempty(pool, floating_cpus, mask)
+    if not pool:
+        problems.append(f"shared pool is empty; helper threads run on {helpers} instead")
+    affinity = {v: CpuSet([pinned[v]]) if v in pinned else floating_cpus for v in vcpu_ids}
+    floating = CpuSet(v for v in vcpu_ids if v not in pinned)
+    if not floating and len(pinning.mapping) < len(containers):
+        problems.append("every vCPU is pinned; shared containers run on all vCPUs in the guest")
+    guest = {c.id: CpuSet(pinning.mapping[c.id].values()) if c.id in pinning.mapping
+             else (floating or CpuSet(vcpu_ids)) for c in containers}
+    return SandboxPlan(mask=mask, pool=pool, vcpu_affinity=affinity, helper_affinity=helpers,
+                       mapping=pinning.mapping, guest_cpusets=guest, problems=tuple(problems))
+
+
+def _first_nonempty(*sets: CpuSet) -> CpuSet:
+    for s in sets:
+        if s:
+            return s
+    return CpuSet()
+
+
+# -- guest NUMA (seed 003) ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class GuestNode:
+    """One guest NUMA node: its vCPUs, the host node and CPUs they are pinned to, its memory."""
+
+    id: int
+    vcpus: CpuSet
+    host_node: int
+    host_cpus: CpuSet
+    hugepages: int
+    memory_bytes: int
+
+
+def split_hugepages(total: int, nodes: int) -> tuple[int, ...]:
+    """Split `total` hugepages over `nodes` guest nodes as evenly as possible, the remainder going
+    one page each to the first nodes. Fewer pages than nodes is refused: a node without memory is
+    not a NUMA node a guest can boot with (KubeVirt rejects such a VM the same way)."""
+    if nodes <= 0:
+        raise VmLayoutError("guest NUMA nodes", nodes, "need at least one")
+    if total < nodes:
+        raise VmLayoutError("hugepages", total,
+                            f"a VM with {nodes} guest NUMA nodes needs at least {nodes} hugepages "
+                            "(one per node)")
+    share, rest = divmod(total, nodes)
+    return tuple(share + (1 if i < rest else 0) for i in range(nodes))
+
+
+def guest_numa(*, pins: Mapping[int, int], topology: Topology, hugepages: int,
+               page_size_bytes: int = HUGEPAGE_2M) -> tuple[GuestNode, ...]:
+    """Guest NUMA nodes for a VM whose vCPUs are pinned 1:1 (`pins`: vCPU -> host CPU).
+
+    One guest node per host node the vCPUs are pinned to, so each guest node's vCPUs sit on one
+    host node and it has no more CPUs than that node. Guest nodes are numbered in the order of
+    their lowest vCPU (vCPU 0, the boot CPU, is on guest node 0)."""
+    if not pins:
+        raise VmLayoutError("vCPU pinning", {}, "guest NUMA needs at least one pinned vCPU")
+    _check_pins(pins, topology)
+    groups: dict[int, list[int]] = {}
+    for v in sorted(pins):
+        groups.setdefault(topology.cpu(pins[v]).node, []).append(v)
+    host_nodes = topology.nodes()
+    order = sorted(groups, key=lambda n: min(groups[n]))
+    pages = split_hugepages(hugepages, len(order))
+    out = []
+    for gid, node in enumerate(order):
+        vs = CpuSet(groups[node])
+        if len(vs) > len(host_nodes[node]):
+            raise VmLayoutError(f"guest node {gid}", str(vs),
+                                f"more vCPUs than host node {node} has CPUs ({host_nodes[node]})")
+        out.append(GuestNode(id=gid, vcpus=vs, host_node=node,
+                             host_cpus=CpuSet(pins[v] for v in vs), hugepages=pages[gid],
+                             memory_bytes=pages[gid] * page_size_bytes))
+    return tuple(out)
+
+
+def _check_pins(pins: Mapping[int, int], topology: Topology) -> None:
+    online = topology.online
+    seen: dict[int, int] = {}
+    for v, h in sorted(pins.items()):
+        if h not in online:
+            raise VmLayoutError(f"vCPU {v}", h, f"pinned to a host CPU that is not online ({online})")
+        if h in seen:
+            raise VmLayoutError(f"vCPUs {seen[h]} and {v}", h, "pinned to the same host CPU")
+        seen[h] = v
+
+
+def per_node(topology: Topology, cpus: CpuSet) -> dict[int, int]:
+    """Number of CPUs of `cpus` on each host NUMA node (nodes with none left out)."""
+    return dict(sorted(Counter(topology.cpu(c).node for c in cpus).items()))
+
+
+def check_numa_move(*, topology: Topology, before: CpuSet, after: CpuSet) -> str | None:
+    """None when moving a VM-sandboxed container's dedicated CPUs from `before` to `after` keeps
+    the number of vCPUs on every host NUMA node (its guest NUMA layout and the hugepages bound to
+    each host node stay valid); otherwise the reason the move must not be made."""
+    online = topology.online
+    for name, cpus in (("current", before), ("proposed", after)):
+        if not cpus <= online:
+            return f"{name} cpuset {cpus} has CPUs that are not online: {cpus - online}"
+    old, new = per_node(topology, before), per_node(topology, after)
+    if old == new:
+        return None
+    changes = ", ".join(f"node {n}: {old.get(n, 0)} -> {new.get(n, 0)}"
+                        for n in sorted(set(old) | set(new)) if old.get(n, 0) != new.get(n, 0))
+    return (f"move {before} -> {after} changes the vCPUs per host NUMA node ({changes}); "
+            "a VM's guest NUMA nodes must stay on their host nodes")
+
+
+def check_pinning_move(*, topology: Topology, before: Mapping[int, int],
+                       after: Mapping[int, int]) -> str | None:
+    """Like `check_numa_move` for whole pinnings (vCPU -> host CPU): every vCPU must stay on its
+    host NUMA node, so each guest node keeps its vCPUs and its memory's host node."""
+    for name, pins in (("current", before), ("proposed", after)):
+        try:
+            _check_pins(pins, topology)
+        except VmLayoutError as e:
+            return f"{name} pinning is invalid: {e}"
+    if set(before) != set(after):
+        return f"vCPUs change from {CpuSet(before)} to {CpuSet(after)}"
+    moved = [f"vCPU {v}: node {topology.cpu(before[v]).node} -> {topology.cpu(after[v]).node}"
+             for v in sorted(before)
+             if topology.cpu(before[v]).node != topology.cpu(after[v]).node]
+    if moved:
+        return "pinning move changes host NUMA nodes (" + ", ".join(moved) + ")"
+    return None
