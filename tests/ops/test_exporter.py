@@ -1,0 +1,174 @@
+"""The Prometheus collector: what a scrape shows for a synthetic report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import ops_synth as s
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.exporter import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
+from agent.report import AgentState
+from perfbalance.model import ContainerSample
+
+WEB_ID = {"namespace": "web", "pod": "frontend-7d9f", "container": "nginx"}
+
+
+def scrape(state: AgentState, **kw: float) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """family name -> [(sample name, labels, value)] as Prometheus would parse it."""
+    text = generate_latest(make_registry(state, **kw)).decode()
+    return {f.name: [(x.name, x.labels, x.value) for x in f.samples]
+            for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, name: str, **labels: str) -> float:
+    for family in fams.values():
+        for sample, lab, v in family:
+            if sample == name and all(lab.get(k) == x for k, x in labels.items()):
+                return v
+    raise KeyError(f"{name} {labels}")
+
+
+def test_container_counters_come_from_cumulative_metrics() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_container_cpu_seconds_total", **WEB_ID) == 300.25
+    assert value(fams, "perfbalance_container_memory_bandwidth_bytes_total", container="pg") == 7.5e13
+
+
+def test_container_series_carry_namespace_pod_container_only() -> None:
+    fams = scrape(s.state())
+    for name, samples in fams.items():
+        if name.startswith("perfbalance_container_") and name != "perfbalance_container_info":
+            for _, labels, _ in samples:
+                assert set(labels) == {"namespace", "pod", "container"}, name
+
+
+def test_info_metric_carries_rdt_class_and_cpuset() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_container_info", container="pg", **{"class": "lc", "cpuset": "2-3,6-7"}) == 1
+
+
+def test_departed_container_series_disappear() -> None:
+    st = s.state()
+    assert any(l.get("container") == "nginx" for _, l, _ in scrape(st)["perfbalance_container_cpu_seconds"])
+    st.publish(s.report((s.TRAINER, s.DB), cycle=8, with_move=False))
+    fams = scrape(st)
+    assert not any(l.get("container") == "nginx" for f in fams.values() for _, l, _ in f)
+
+
+def test_scrape_leaves_counters_and_state_alone() -> None:
+    st = s.state()
+    first, second = scrape(st), scrape(st)
+    assert first == second
+    assert st.moves_total[("cpuset", s.MOVE_REASON)] == 1
+
+
+def test_ipc_and_mpki_are_derived_from_rates_when_not_given() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_container_ipc", **WEB_ID) == 0.8  # 2.0e9 / 2.5e9
+    assert value(fams, "perfbalance_container_llc_mpki", **WEB_ID) == 2.0  # 4e6 * 1000 / 2e9
+
+
+def test_smt_sibling_of_avx512_heavy_neighbour_is_contaminated() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_container_avx512_contamination_ratio", **WEB_ID) == 1.0
+    assert value(fams, "perfbalance_container_avx512_contamination_ratio", container="pg") == 0.0
+    assert value(fams, "perfbalance_cpu_avx512_heavy_core", cpu="5") == 1.0
+
+
+def test_decision_carries_predicted_and_realized_numbers() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_decision_predicted_benefit_cores", **WEB_ID) == 0.35
+    assert value(fams, "perfbalance_decision_predicted_cost_cores", **WEB_ID) == 0.05
+    assert value(fams, "perfbalance_decision_realized_gain_cores", **WEB_ID) == 0.27
+
+
+def test_moves_are_counted_by_kind_and_reason_code() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_rebalance_moves_total", kind="cpuset", reason="avx512_isolation") == 1
+
+
+def test_reason_label_values_are_bounded() -> None:
+    st = s.state()
+    for i in range(MAX_REASONS * 3):
+        st.moves_total[("cpuset", f"reason number {i}: detail")] += 1
+    reasons = {l["reason"] for _, l, _ in scrape(st)["perfbalance_rebalance_moves"]}
+    assert len(reasons) <= MAX_REASONS + 1 and "other" in reasons
+
+
+def test_reason_code_is_the_snake_case_head() -> None:
+    assert reason_code("AVX-512 isolation (core 3): x") == "avx_512_isolation"
+    assert reason_code("   ") == "unspecified"
+
+
+def test_label_values_are_sanitized_and_bounded() -> None:
+    odd = dataclasses.replace(s.WEB.container, name="a\nb\x00" + "x" * 500)
+    st = s.state(s.report((ContainerSample(container=odd, metrics=s.WEB.metrics),), with_move=False))
+    names = {l["container"] for _, l, _ in scrape(st)["perfbalance_container_cpu_seconds"]}
+    (name,) = names
+    assert len(name) <= MAX_LABEL_CHARS and "\n" not in name and "\x00" not in name
+
+
+def test_containers_with_the_same_labels_give_one_series() -> None:
+    twin = ContainerSample(container=dataclasses.replace(s.WEB.container, id="c-web-restarted"),
+                           metrics=s.WEB.metrics)
+    st = s.state(s.report((s.WEB, twin), with_move=False))
+    assert len(scrape(st)["perfbalance_container_cpu_seconds"]) == 1
+
+
+def test_no_series_crosses_cpu_and_container() -> None:
+    for samples in scrape(s.state()).values():
+        for _, labels, _ in samples:
+            assert not ({"cpu", "container"} <= set(labels))
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    text = generate_latest(make_registry(s.state(), bandwidth_peak=2e10)).decode()
+    for family in text_string_to_metric_families(text):
+        assert re.fullmatch(r"perfbalance_[a-z0-9_]+", family.name)
+        if family.type == "counter":
+            assert all(x.name.endswith(("_total", "_created")) for x in family.samples)
+        else:
+            assert not family.name.endswith("_total"), family.name
+        assert not re.search(r"_(ms|milliseconds|kb|mb|percent)(_|$)", family.name)
+
+
+def test_build_info_is_exported_before_the_first_cycle() -> None:
+    fams = scrape(AgentState(node="n"))
+    assert value(fams, "perfbalance_build_info") == 1
+    assert value(fams, "perfbalance_ready") == 0
+    assert "perfbalance_container_cpu_seconds" not in fams
+
+
+def test_saturation_is_exported_only_when_the_peak_is_known() -> None:
+    assert scrape(s.state())["perfbalance_memory_bandwidth_saturation_ratio"] == []
+    fams = scrape(s.state(), bandwidth_peak=2e10)
+    assert value(fams, "perfbalance_memory_bandwidth_saturation_ratio", domain="0") == (1e9 + 2.56e8 + 9e9) / 2e10
+
+
+def test_resctrl_budget_prefers_agent_state_over_node_metrics() -> None:
+    st = s.state()
+    st.extra["resctrl_closids_free"] = 1
+    fams = scrape(st)
+    assert value(fams, "perfbalance_resctrl_closids_free") == 1
+    assert value(fams, "perfbalance_resctrl_rmids_free") == 200
+
+
+def test_collector_up_follows_the_snapshot() -> None:
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_collector_up", collector="cgroup") == 1
+    assert value(fams, "perfbalance_collector_up", collector="pmu") == 0
+
+
+def test_state_json_is_strict_json_with_the_report_and_the_view() -> None:
+    st = s.state()
+    st.realized.append(dataclasses.replace(st.realized[0], event_id="ev-x", realized=float("nan")))
+    doc = state_json(st.view())
+    text = json.dumps(doc, allow_nan=False)
+    assert json.loads(text)["report"]["cycle"] == 7
+    assert doc["view"]["decisions"][0]["reason"] == s.MOVE_REASON
+    assert doc["view"]["decisions"][0]["name"] == "web/frontend-7d9f/nginx"
+    assert len(doc["view"]["cpus"]) == 8
