@@ -115,3 +115,13 @@ def test_cloud_hypervisor_helpers_stay_off_dedicated_cpus(pod, sandboxes):
     sync(sandboxes, pod, kubelet=kubelet)
     for name in ("cloud-hyperviso", "http-server", "signal_handler", "_disk0_q0"):
         assert vmm.affinity(name) == ONE, name
+
+
+def test_affinity_outside_the_vmm_cgroup_cpuset_is_reported_not_raised(pod, sandboxes):
+    pod.cg.write(pod.ctr("sandbox"), "cpuset", "cpuset.cpus", "0")
+    pod.set_cpus("ctr-a", "1")
+    pod.set_cpus("ctr-b", "1")
+    vmm = pod.spawn(*QEMU)
+    report = sync(sandboxes, pod)
+    assert any(f"tid {vmm.tids['CPU 0/KVM']}" in e and "EINVAL" in e for e in report.errors)
+    assert vmm.affinity("CPU 0/KVM") == ZERO  # the kernel kept it inside its cpuset
