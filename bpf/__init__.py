@@ -1,1 +1,83 @@
-"""BPF programs (bpf/*.bpf.c) and the pure function that renders them for bcc."""
+"""BPF programs (bpf/*.bpf.c) and the pure function that renders them for bcc.
+
+The C files are templates only in the sense of `#ifndef` defaults: `render()` prepends `#define`
+lines (the same effect as `-D` flags), so `perfbalance doctor --dump-bpf` shows exactly the text
+bcc compiles. Programs read tracepoint fields and helpers only, never kernel struct layouts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from perfbalance.errors import ParseError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Program:
+    name: str
+    file: str
+    tracepoint: tuple[str, str]  # (category, event)
+    defines: tuple[str, ...]  # the defines it understands
+    doc: str
+
+
+PROGRAMS: dict[str, Program] = {
+    "avx512": Program(
+        name="avx512", file="avx512.bpf.c", tracepoint=("x86_fpu", "x86_fpu_regs_deactivated"),
+        defines=("PB_MAX_KEYS", "PB_KEY_PID"),
+        doc="FPU-state switches per cgroup: ZMM_Hi256 (512-bit), EVEX-256 only, all"),
+    "pmu": Program(
+        name="pmu", file="pmu.bpf.c", tracepoint=("sched", "sched_switch"),
+        defines=("PB_NEVENTS", "PB_NCPU", "PB_MAX_KEYS", "PB_KEY_PID"),
+        doc="per-CPU perf counters attributed to the outgoing task's cgroup at sched_switch"),
+}
+
+DefineValue = int | bool | str
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@cache
+def template(name: str) -> str:
+    """The C source of program `name` as shipped in this package."""
+    if name not in PROGRAMS:
+        raise ParseError("bpf program", name, f"unknown (known: {', '.join(sorted(PROGRAMS))})")
+    return resources.files(__name__).joinpath(PROGRAMS[name].file).read_text()
+
+
+def render_text(text: str, defines: Mapping[str, DefineValue], *, name: str = "bpf") -> str:
+    """Prepend `#define`s to `text`. True -> `#define X`, False -> omitted, ints and identifiers as is."""
+    lines = [f"// rendered by perfbalance: {name}"]
+    for key in sorted(defines):
+        value = defines[key]
+        if not _IDENT.match(key):
+            raise ParseError(f"{name} define", key, "not a C identifier")
+        if value is False:
+            continue
+        if value is True:
+            lines.append(f"#define {key}")
+        elif isinstance(value, int):
+            lines.append(f"#define {key} {value}")
+        elif isinstance(value, str) and _IDENT.match(value):
+            lines.append(f"#define {key} {value}")
+        else:
+            raise ParseError(f"{name} define {key}", value, "must be a bool, an int or a C identifier")
+    return "\n".join(lines) + "\n\n" + text
+
+
+def render(name: str, defines: Mapping[str, DefineValue]) -> str:
+    """The exact text bcc will compile for program `name` with these defines."""
+    unknown = sorted(set(defines) - set(PROGRAMS[name].defines)) if name in PROGRAMS else []
+    if unknown:
+        raise ParseError(f"{name} define", unknown[0], f"unknown (known: {', '.join(PROGRAMS[name].defines)})")
+    return render_text(template(name), defines, name=name)
+
+
+def dump(defines: Mapping[str, Mapping[str, DefineValue]] | None = None) -> str:
+    """Every program rendered (with `defines[name]` or the defaults), for `--dump-bpf`."""
+    defines = defines or {}
+    return "\n".join(f"/* ===== {n}: {p.doc} ===== */\n{render(n, defines.get(n, {}))}"
+                     for n, p in PROGRAMS.items())

@@ -7,6 +7,22 @@ from typing import Literal
 
 from perfbalance.settings import setting
 
+MAX_PMU_EVENTS = 8
+
+
+def _events(value: tuple[str, ...]) -> str | None:
+    from collectors.perf import parse_event  # noqa: PLC0415 (avoid a cycle at import time)
+    from perfbalance.errors import ParseError  # noqa: PLC0415
+
+    if len(value) > MAX_PMU_EVENTS - 1:  # task_clock is always added
+        return f"at most {MAX_PMU_EVENTS - 1} events"
+    for text in value:
+        try:
+            parse_event(text)
+        except ParseError as e:
+            return str(e)
+    return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Avx512Config:
@@ -14,12 +30,20 @@ class Avx512Config:
     threshold_on: float = setting(0.10, "Smoothed avx512_active_ratio above which a container becomes AVX-512-heavy.", min=0.0, max=1.0)
     threshold_off: float = setting(0.05, "Smoothed ratio below which an AVX-512-heavy container is no longer heavy (hysteresis).", min=0.0, max=1.0)
     ewma_alpha: float = setting(0.5, "Weight of the newest window in the EWMA of the AVX-512 ratios.", min=0.01, max=1.0)
+    source: Literal["auto", "bpf", "arch_status"] = setting("auto", "eBPF (fine: 512-bit vs EVEX-256), /proc arch_status (coarse), or auto (BPF, else arch_status).")
+    max_keys: int = setting(10240, "Entries of the BPF map (cgroups or, on v1-only hosts, processes).", min=64, max=1 << 20)
+    coarse_max_threads: int = setting(256, "arch_status fallback: threads read per container per cycle.", min=1, max=100000)
+
+    def __post_init__(self) -> None:
+        if self.threshold_off > self.threshold_on:
+            raise ValueError(f"threshold_off ({self.threshold_off}) must not exceed threshold_on ({self.threshold_on})")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PerfConfig:
     mode: Literal["auto", "bpf", "cgroup", "off"] = setting("auto", "PMU attribution: BPF perf array + sched_switch (bpf), per-cgroup perf_event_open (cgroup), or auto.")
-    events: tuple[str, ...] = setting(factory=lambda: ("instructions", "cycles", "llc_references", "llc_misses"), doc="Hardware events to count; raw events as 'name=0xCONFIG'. Software events are used when no PMU exists.")
+    events: tuple[str, ...] = setting(factory=lambda: ("instructions", "cycles", "llc_references", "llc_misses"), doc="Hardware events to count; raw events as 'name=0xCONFIG'. Software events are used when no PMU exists.", check=_events)
+    max_keys: int = setting(10240, "Entries of the BPF map of per-cgroup counts.", min=64, max=1 << 20)
 
 
 @dataclass(frozen=True, kw_only=True)

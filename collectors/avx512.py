@@ -1,0 +1,219 @@
+"""Per-container AVX-512 use: real 512-bit execution apart from "EVEX-256", smoothed, with hysteresis.
+
+cri-resource-manager tags nearly every process as an AVX-512 user on a modern glibc because it
+counts opmask and ymm16-31 use (bits 5|7 of the saved FPU state). bpf/avx512.bpf.c counts, per
+cgroup, FPU-state switches with ZMM_Hi256 (bit 6: 512-bit execution, the frequency-lowering kind),
+switches with only bits 5/7 (EVEX-256) and all switches. This module turns the map's cumulative
+counts into per-window ratios (never deleting what it reads, except entries of cgroups that no
+longer exist), smooths them with an EWMA and classifies a container AVX-512-heavy only after it
+crosses `threshold_on`, and not-heavy only below `threshold_off`.
+
+Without BPF, /proc/<tid>/arch_status gives a coarse signal (collectors/archstatus.py) reported
+with `avx512_coarse = 1`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import bpf
+from collectors import archstatus, bpfenv
+from collectors.base import Metrics
+from collectors.config import Avx512Config
+from perfbalance.errors import FeatureUnavailable, PerfbalanceError
+from perfbalance.host import HostPaths
+from perfbalance.model import CollectorStatus, Container
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("zmm", "evex256", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """FPU-state switches of one container in one window."""
+
+    zmm: int = 0
+    evex256: int = 0
+    all: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(zmm=self.zmm + other.zmm, evex256=self.evex256 + other.evex256,
+                      all=self.all + other.all)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoothed:
+    active: float  # EWMA of zmm / all
+    evex256: float | None  # EWMA of evex256 / all (None in coarse mode)
+    heavy: bool
+
+
+def smooth(prev: Smoothed | None, active: float | None, evex256: float | None,
+           cfg: Avx512Config) -> Smoothed | None:
+    """One EWMA step plus hysteresis. A window without switches (the container did not run)
+    carries no evidence and leaves the state as it was."""
+    if active is None:
+        return prev
+    a = cfg.ewma_alpha
+    if prev is None:
+        s_active, s_evex = active, evex256
+    else:
+        s_active = a * active + (1 - a) * prev.active
+        s_evex = None if evex256 is None else (
+            evex256 if prev.evex256 is None else a * evex256 + (1 - a) * prev.evex256)
+    heavy = prev.heavy if prev is not None else False
+    if not heavy and s_active >= cfg.threshold_on:
+        heavy = True
+    elif heavy and s_active <= cfg.threshold_off:
+        heavy = False
+    return Smoothed(active=s_active, evex256=s_evex, heavy=heavy)
+
+
+def window_metrics(counts: Counts, state: Smoothed | None, window: float, *, coarse: bool) -> dict[str, float]:
+    """The per-container metrics of COMMON/docs/metrics.md for one window."""
+    out: dict[str, float] = {"avx512_coarse": 1.0 if coarse else 0.0,
+                             "avx512_heavy": 1.0 if state is not None and state.heavy else 0.0}
+    if not coarse and window > 0:
+        out["avx512_switches_per_second"] = counts.zmm / window
+        out["evex256_switches_per_second"] = counts.evex256 / window
+        out["fpu_switches_per_second"] = counts.all / window
+    if state is not None:
+        out["avx512_active_ratio"] = state.active
+        if state.evex256 is not None:
+            out["evex256_ratio"] = state.evex256
+    return out
+
+
+def per_container(deltas: Mapping[int, tuple[int, ...]], owners: Mapping[int, tuple[str, str]]) -> dict[str, Counts]:
+    """Sum the per-key deltas (cgroup ids or pids) of each container."""
+    out: dict[str, Counts] = {}
+    for key, d in deltas.items():
+        owner = owners.get(key)
+        if owner is not None:
+            out[owner[0]] = out.get(owner[0], Counts()) + Counts(zmm=d[0], evex256=d[1], all=d[2])
+    return out
+
+
+class Avx512Collector:
+    """The `avx512` collector (see the module docstring). Implements collectors.base.Collector."""
+
+    name = "avx512"
+
+    def __init__(self, *, config: Avx512Config, host: HostPaths, cgroupfs: Any,
+                 pid_keys: bool | None = None) -> None:
+        self.config, self.host, self.cgroupfs = config, host, cgroupfs
+        self._force_pid_keys = pid_keys
+        self._bpf: Any = None
+        self._map: bpfenv.CountingMap | None = None
+        self._keys: bpfenv.KeyMap | None = None
+        self._owners: dict[int, tuple[str, str]] = {}
+        self._state: dict[str, Smoothed] = {}
+        self._last: float | None = None
+        self._status = CollectorStatus(up=False, reason="not started")
+        self._log = bpfenv.LogOnce(log)
+        self.defines: dict[str, bpf.DefineValue] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> CollectorStatus:
+        if not self.config.enabled:
+            return self._set(False, "disabled in config (collectors.avx512.enabled)")
+        bpf_reason = ""
+        if self.config.source in ("auto", "bpf"):
+            try:
+                return self._start_bpf()
+            except (FeatureUnavailable, PerfbalanceError, OSError) as e:
+                bpf_reason = getattr(e, "reason", str(e))
+                self._log.warning(f"avx512: BPF unavailable: {bpf_reason}")
+        if self.config.source == "bpf":
+            return self._set(False, f"BPF unavailable: {bpf_reason}")
+        if archstatus.supported(self.host.procfs):
+            why = f"BPF unavailable ({bpf_reason}); " if bpf_reason else ""
+            return self._set(True, why + "coarse signal from /proc/<tid>/arch_status (includes EVEX-256)",
+                             source="arch_status", coarse=True)
+        return self._set(False, (f"BPF unavailable ({bpf_reason}); " if bpf_reason else "")
+                         + f"no AVX-512 arch_status in {self.host.procfs} (CPU without AVX-512F?)")
+
+    def _start_bpf(self) -> CollectorStatus:
+        env = bpfenv.prepare(self.host, need=["avx512"])
+        pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
+        self.defines = {"PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
+        self._bpf = env.load(bpf.render("avx512", self.defines))
+        self._map = bpfenv.CountingMap(self._bpf["avx_counts"], fields=FIELDS,
+                                       batch=env.batch_reads, max_keys=self.config.max_keys)
+        self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
+                         headers=env.headers.source, headers_release=env.headers.release)
+
+    def status(self) -> CollectorStatus:
+        return self._status
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._map = None
+        if self._status.up:
+            self._set(False, "closed")
+
+    def _set(self, up: bool, reason: str, **detail: Any) -> CollectorStatus:
+        self._status = CollectorStatus(up=up, reason=reason, detail=detail)
+        return self._status
+
+    @property
+    def coarse(self) -> bool:
+        return bool(self._status.detail.get("coarse"))
+
+    # -- collection ---------------------------------------------------------------------------
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        if not self._status.up:
+            return {}
+        window = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        try:
+            counts = self._coarse(containers, window) if self.coarse else self._fine(containers)
+        except (PerfbalanceError, OSError) as e:
+            self._log.warning(f"avx512: collection failed: {e}")
+            return {}
+        return self._metrics(containers, counts, window)
+
+    def _fine(self, containers: Sequence[Container]) -> dict[str, tuple[Counts, float | None, float | None]]:
+        assert self._map is not None and self._keys is not None
+        deltas = self._map.deltas()
+        owners = self._keys.build(containers, deltas.keys())
+        self._map.prune(self._owners, owners)
+        self._owners = owners
+        out = {}
+        for cid, c in per_container(deltas, owners).items():
+            ratios = (c.zmm / c.all, c.evex256 / c.all) if c.all else (None, None)
+            out[cid] = (c, *ratios)
+        return out
+
+    def _coarse(self, containers: Sequence[Container], window: float) -> dict[str, tuple[Counts, float | None, float | None]]:
+        out = {}
+        if window <= 0:
+            return out
+        for c in containers:
+            try:
+                tids = self.cgroupfs.tids(c.cgroup)[: self.config.coarse_max_threads]
+            except (PerfbalanceError, OSError):
+                continue
+            summary = archstatus.summarize((archstatus.read_arch_status(self.host.procfs, t) for t in tids), window)
+            out[c.id] = (Counts(), summary.ratio, None)
+        return out
+
+    def _metrics(self, containers: Sequence[Container], counts: Mapping[str, tuple[Counts, float | None, float | None]],
+                 window: float) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        state: dict[str, Smoothed] = {}
+        for c in containers:
+            n, active, evex = counts.get(c.id, (Counts(), None, None))
+            s = smooth(self._state.get(c.id), active, evex, self.config)
+            if s is not None:
+                state[c.id] = s
+            out[c.id] = window_metrics(n, s, window, coarse=self.coarse)
+        self._state = state  # containers that left are forgotten (churn)
+        return out
