@@ -2,7 +2,7 @@
 
 In a Kata or KubeVirt pod the kubelet's cpusets land on cgroups whose work really runs on the
 VMM's vCPU threads; left alone those threads float over every CPU of the host, including CPUs the
-kubelet dedicated to someone else (Kata issue #878). Each cycle, and after every move, the loop
+kubelet dedicated to someone else (the Kata cpu-manager issue, seed 000). Each cycle, and after every move, the loop
 calls `VmSandboxes.sync(...)`, which:
 
 1. groups VM-sandboxed containers by pod and finds the VMM process among the processes in the

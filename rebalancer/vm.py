@@ -3,7 +3,7 @@
 A container in a VM sandbox runs on the VMM's vCPU threads, not on the processes in its own
 cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone translates them:
 
-* the sandbox mask (Kata issue #878, "mandatory" part): vCPU threads may run on the OR of the
+* the sandbox mask (the Kata cpu-manager issue, seed 000, "mandatory" part): vCPU threads may run on the OR of the
   sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
   workers) go to the shared pool, never onto CPUs dedicated to containers (bergwolf's design);
 * 1:1 pinning (the same issue, second part): each CPU dedicated to a container gets its own vCPU,
