@@ -24,13 +24,13 @@ import errno
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.config import VmSection
 from collectors.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, PerfbalanceError
-from perfbalance.model import Container, KubeletState
+from perfbalance.model import Container, KubeletState, Snapshot
 from perfbalance.topology import Topology
 from rebalancer import vm
 
@@ -243,6 +243,16 @@ class VmSandboxes:
         return SyncReport(sandboxes=self._last, writes=writes, errors=tuple(errors),
                           problems=tuple(problems))
 
+    def sync_snapshot(self, snapshot: Snapshot, *,
+                      moved: Mapping[str, CpuSet] | None = None) -> SyncReport:
+        """`sync` from a Snapshot; `moved` (container id -> new cpuset) overrides the cpusets of
+        containers the actuators just moved, so the pinning follows them in the same cycle."""
+        moved = moved or {}
+        containers = [replace(s.container, cpuset=moved[s.id]) if s.id in moved else s.container
+                      for s in snapshot.containers]
+        return self.sync(containers=containers, kubelet=snapshot.kubelet,
+                         reserved=snapshot.reserved, topology=snapshot.topology)
+
     def _pods(self, containers: Sequence[Container]) -> dict[str, list[Container]]:
         pods: dict[str, list[Container]] = {}
         for c in containers:
@@ -270,13 +280,19 @@ class VmSandboxes:
     def pod_pids(self, cgroup: str) -> list[int]:
         """Processes anywhere in the pod's cgroup subtree (bounded depth)."""
         pids: set[int] = set()
-        for rel in self.cgroupfs.walk(cgroup, None if self.cgroupfs.has(None) else "cpuset",
+        for rel in self.cgroupfs.walk(cgroup, self._hierarchy(cgroup),
                                       max_depth=self.config.max_cgroup_depth):
             try:
                 pids.update(self.cgroupfs.pids(rel))
             except ContainerGone:
                 continue
         return sorted(pids)
+
+    def _hierarchy(self, cgroup: str) -> str | None:
+        """v2 when the pod is there (v2, systemd hybrid), else v1 cpuset (cgroupfs driver on hybrid)."""
+        if self.cgroupfs.has(None) and self.cgroupfs.exists(cgroup, None):
+            return None
+        return "cpuset"
 
     def find_vmm(self, cgroup: str, *, scan_threads: bool = True) -> VmmThreads | None:
         """The VMM among the pod's processes: one named like a VMM (comm or exe), else (when

@@ -91,3 +91,22 @@ def test_without_pinning_the_dedicated_container_floats_over_the_mask(pod, cg):
     sandboxes.sync(containers=containers, kubelet=kubelet, online=ALL)
     assert sandboxes.vcpu_map() == {}
     assert vmm.affinity("CPU 0/KVM") == ALL and vmm.affinity("CPU 1/KVM") == ALL
+
+
+def test_sync_snapshot_follows_a_move_in_the_same_cycle(pod, sandboxes):
+    from perfbalance.model import ContainerSample
+    vmm = pod.spawn(*QEMU)
+    containers, kubelet = place(pod, dedicated="1", shared="0")
+    snap = Snapshot(time=0.0, window=1.0, node="n", kubelet=kubelet,
+                    topology=synthetic(packages=1, cores_per_node=2),
+                    containers=tuple(ContainerSample(container=c) for c in containers))
+    sandboxes.sync_snapshot(snap)
+    assert vmm.affinity("CPU 1/KVM") == ONE
+    a, b = containers
+    moved_kubelet = KubeletState(policy="static", default_cpuset=ONE, exclusive={(pod.uid, "ctr-a"): ZERO})
+    snap = Snapshot(time=1.0, window=1.0, node="n", kubelet=moved_kubelet, topology=snap.topology,
+                    containers=snap.containers)
+    report = sandboxes.sync_snapshot(snap, moved={a.id: ZERO, b.id: ONE})
+    assert report.errors == ()
+    assert sandboxes.vcpu_map() == {a.id: {0: 1}}
+    assert vmm.affinity("CPU 1/KVM") == ZERO and vmm.affinity("CPU 0/KVM") == ONE
