@@ -266,14 +266,52 @@ class Cgroupfs:
                 raise ContainerGone(rel or "/", f"{d}: {e.strerror}") from None
             raise CgroupfsError("stat", d, e.errno or 0, e.strerror or "") from None
 
-    def pids(self, rel: str) -> list[int]:
-        """Processes (thread-group leaders) in the cgroup itself, not its children."""
-        return self._ids(rel, "cgroup.procs")
+    def pids(self, rel: str, *, recursive: bool = False) -> list[int]:
+        """Processes (thread-group leaders) in the cgroup; with `recursive`, also in descendants.
 
-    def tids(self, rel: str) -> list[int]:
-        """Every thread in the cgroup itself (v2 cgroup.threads, v1 tasks)."""
+        A container's processes can live in child cgroups (crun's `container/`, CRI-O `exec`
+        sessions): use recursive=True for "all processes of this container".
+        """
+        if not recursive:
+            return self._ids(rel, "cgroup.procs")
+        return self._subtree_ids(rel, "cgroup.procs")
+
+    def tids(self, rel: str, *, recursive: bool = False) -> list[int]:
+        """Every thread in the cgroup (v2 cgroup.threads, v1 tasks); see pids() for recursive."""
         d = self.primary(rel)
-        return self._ids(rel, "cgroup.threads" if self._is_v2_dir(d) else "tasks", d)
+        name = "cgroup.threads" if self._is_v2_dir(d) else "tasks"
+        return self._subtree_ids(rel, name) if recursive else self._ids(rel, name, d)
+
+    def _subtree_ids(self, rel: str, name: str) -> list[int]:
+        d = self.primary(rel)
+        ctl = None if self._is_v2_dir(d) else self._controller_of(d)
+        out: list[int] = self._ids(rel, name, d)
+        for sub in list(self.walk(rel, ctl))[1:]:
+            try:
+                out += self._ids(sub, name, self.dir(sub, ctl))
+            except ContainerGone:
+                continue
+        return out
+
+    def _controller_of(self, d: str) -> str:
+        for c, h in self._by_controller.items():
+            if h.version == 1 and (d == h.path or d.startswith(h.path + "/")):
+                return c
+        raise FeatureUnavailable("cgroup hierarchy", f"no controller owns {d}")
+
+    def subtree_ids(self, rel: str) -> dict[int, str]:
+        """v2 cgroup id -> relative path for `rel` and its descendants (BPF keys of a container)."""
+        if self._v2 is None:
+            return {}
+        out: dict[int, str] = {}
+        for sub in self.walk(rel, None):
+            try:
+                cid = self.cgroup_id(sub)
+            except ContainerGone:
+                continue
+            if cid is not None:
+                out[cid] = sub
+        return out
 
     def _is_v2_dir(self, d: str) -> bool:
         return self._v2 is not None and (d == self._v2.path or d.startswith(self._v2.path + "/"))
@@ -472,6 +510,14 @@ def parse_id_list(text: str, *, source: str = "") -> list[int]:
         except ValueError:
             raise ParseError("pid list", line[:40], "not an integer", source=source) from None
     return out
+
+
+def parse_int_text(text: str, *, source: str = "") -> int:
+    """A control file holding one integer (cpu.shares, cpu.weight, cfs_quota_us, ...)."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ParseError("cgroup integer", text.strip()[:80], "not an integer", source=source) from None
 
 
 def parse_flat_keyed(text: str, *, source: str = "") -> dict[str, int]:
