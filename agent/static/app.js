@@ -24,7 +24,12 @@ function bytesRate(v) {
   let i = 0; while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
   return v.toFixed(v >= 100 || i === 0 ? 0 : 1) + " " + units[i];
 }
-function ago(t) { const s = Math.max(0, Date.now() / 1000 - t); return s < 90 ? s.toFixed(0) + " s ago" : (s / 60).toFixed(0) + " min ago"; }
+function ago(t) {
+  const s = Math.max(0, Date.now() / 1000 - t);
+  if (s < 90) return s.toFixed(0) + " s ago";
+  if (s < 5400) return (s / 60).toFixed(0) + " min ago";
+  return s < 172800 ? (s / 3600).toFixed(0) + " h ago" : "at " + new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ");
+}
 function clock(t) { return new Date(t * 1000).toLocaleTimeString([], {hour12: false}); }
 
 // White -> hue ramp; text turns white on dark cells so every value stays readable.
@@ -84,10 +89,10 @@ function drawDecisions(decisions) {
     const realized = r ? fmt(r.gain, 3) + (r.rolled_back ? " (rolled back)" : "") : "pending";
     const status = !d.ok ? el("span", {class: "status-bad"}, "failed: " + d.error) : r && r.rolled_back ? el("span", {class: "status-bad"}, "rolled back") : el("span", {class: "status-ok"}, "applied");
     tbody.append(el("tr", {"data-event": d.event_id},
-      el("td", {}, clock(d.time)), el("td", {}, d.kind), el("td", {}, d.name),
-      el("td", {}, `${d.from} → ${d.to}`), el("td", {class: "reason"}, d.reason),
+      el("td", {class: "nowrap"}, clock(d.time)), el("td", {}, d.kind), el("td", {class: "nowrap"}, d.name),
+      el("td", {class: "nowrap"}, `${d.from} → ${d.to}`), el("td", {class: "reason"}, d.reason),
       el("td", {class: "num"}, fmt(d.predicted_benefit, 3)), el("td", {class: "num"}, fmt(d.predicted_cost, 3)),
-      el("td", {class: "num"}, realized), el("td", {}, status)));
+      el("td", {class: "num"}, realized), el("td", {class: "nowrap"}, status)));
   }
 }
 
