@@ -612,7 +612,8 @@ class LogOnce:
     """Log each distinct message of a collector once (cadvisor logs missing features once)."""
 
     def __init__(self, logger: logging.Logger) -> None:
-        self.logger, self._seen: set[str] = logger, set()
+        self.logger = logger
+        self._seen: set[str] = set()
 
     def warning(self, msg: str) -> None:
         if msg not in self._seen:

@@ -21,10 +21,16 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from perfbalance.errors import FeatureUnavailable, ParseError
+import bpf
+from collectors import bpfenv
+from collectors.base import Metrics
+from collectors.config import PerfConfig
+from perfbalance.errors import FeatureUnavailable, ParseError, PerfbalanceError
+from perfbalance.host import HostPaths
+from perfbalance.model import CollectorStatus, Container
 
 log = logging.getLogger(__name__)
 
@@ -209,47 +215,346 @@ def choose_events(wanted: Sequence[EventSpec], *, cpu: int = 0) -> tuple[tuple[E
     return tuple(ok), notes
 
 
-# --- per-container totals and derived metrics (pure) ---------------------------------------------
+# --- per-container windows and derived metrics (pure) -------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
-class Totals:
-    """Cumulative, multiplexing-corrected counts of one container, by event name."""
+class Raw:
+    """Raw (counter, enabled, running) deltas of one container in one window, per event index."""
 
-    values: Mapping[str, float] = field(default_factory=dict)
+    counter: tuple[int, ...]
+    enabled: tuple[int, ...]
+    running: tuple[int, ...]
+
+    def __add__(self, other: Raw) -> Raw:
+        return Raw(counter=tuple(a + b for a, b in zip(self.counter, other.counter)),
+                   enabled=tuple(a + b for a, b in zip(self.enabled, other.enabled)),
+                   running=tuple(a + b for a, b in zip(self.running, other.running)))
 
 
-def derive(events: Sequence[EventSpec], now: Totals, before: Totals | None, window: float) -> dict[str, float]:
-    """Metrics of one container: <stem>_total, <stem>_per_second, ipc, llc_mpki."""
+def split_row(row: Sequence[int], n: int) -> Raw:
+    """A flat map value (counter[n], enabled[n], running[n]) as a Raw."""
+    return Raw(counter=tuple(row[:n]), enabled=tuple(row[n:2 * n]), running=tuple(row[2 * n:3 * n]))
+
+
+def window_counts(events: Sequence[EventSpec], raw: Raw) -> dict[str, float]:
+    """Multiplexing-corrected counts of one window, by event name, in the event's unit."""
+    return {e.name: scaled(raw.counter[i], raw.enabled[i], raw.running[i]) * e.unit_scale
+            for i, e in enumerate(events)}
+
+
+def derive(events: Sequence[EventSpec], counts: Mapping[str, float], totals: Mapping[str, float],
+           window: float) -> dict[str, float]:
+    """One container's metrics: <stem>_total, <stem>_per_second, ipc, llc_mpki, cpu_seconds_pmu."""
     out: dict[str, float] = {}
-    rates: dict[str, float] = {}
     for e in events:
-        if e.name not in now.values:
-            continue
-        total = now.values[e.name] * e.unit_scale
-        out[f"{e.stem}_total"] = total
-        if before is not None and e.name in before.values and window > 0:
-            delta = max(0.0, total - before.values[e.name] * e.unit_scale)
-            rates[e.name] = delta / window
-            out[f"{e.stem}_per_second"] = rates[e.name]
-    if rates.get("cycles", 0) > 0 and "instructions" in rates:
-        out["ipc"] = rates["instructions"] / rates["cycles"]
-    if rates.get("instructions", 0) > 0 and "llc_misses" in rates:
-        out["llc_mpki"] = rates["llc_misses"] / (rates["instructions"] / 1000.0)
+        out[f"{e.stem}_total"] = totals.get(e.name, 0.0)
+        if window > 0:
+            out[f"{e.stem}_per_second"] = counts.get(e.name, 0.0) / window
+    instr, cycles, misses = (counts.get(k, 0.0) for k in ("instructions", "cycles", "llc_misses"))
+    if cycles > 0 and "instructions" in counts:
+        out["ipc"] = instr / cycles
+    if instr > 0 and "llc_misses" in counts:
+        out["llc_mpki"] = misses / (instr / 1000.0)
     return out
 
 
-def sum_keys(rows: Iterable[tuple[Sequence[int], Sequence[int], Sequence[int]]], events: Sequence[EventSpec]) -> Totals:
-    """Add the (counter, enabled, running) arrays of several keys (cgroup ids) of one container."""
-    acc = {e.name: [0, 0, 0] for e in events}
-    for counter, enabled, running in rows:
-        for i, e in enumerate(events):
-            a = acc[e.name]
-            a[0] += counter[i]
-            a[1] += enabled[i]
-            a[2] += running[i]
-    return Totals(values={n: scaled(c, en, r) if r else float(c) for n, (c, en, r) in acc.items()})
+def accumulate(totals: Mapping[str, float], counts: Mapping[str, float]) -> dict[str, float]:
+    return {k: totals.get(k, 0.0) + counts.get(k, 0.0) for k in set(totals) | set(counts)}
 
 
 def describe(events: Sequence[EventSpec]) -> list[dict[str, Any]]:
     return [{"name": e.name, "type": e.type, "config": hex(e.config)} for e in events]
+
+
+# --- the collectors ----------------------------------------------------------------------------
+
+
+class _Base:
+    """What both modes share: status, once-only logging, totals per container, metrics."""
+
+    name = "perf"
+
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+        self.config, self.host, self.cgroupfs = config, host, cgroupfs
+        self.events: tuple[EventSpec, ...] = ()
+        self._fds: list[int] = []
+        self._totals: dict[str, dict[str, float]] = {}
+        self._last: float | None = None
+        self._status = CollectorStatus(up=False, reason="not started")
+        self._log = bpfenv.LogOnce(log)
+
+    def status(self) -> CollectorStatus:
+        return self._status
+
+    @property
+    def perf_fds(self) -> int:
+        return len(self._fds)
+
+    def _set(self, up: bool, reason: str, **detail: Any) -> CollectorStatus:
+        self._status = CollectorStatus(up=up, reason=reason, detail=detail)
+        return self._status
+
+    def _choose(self) -> list[str]:
+        wanted = parse_events(self.config.events)
+        self.events, notes = choose_events(wanted, cpu=online_cpus(self.host.sysfs)[0])
+        for n in notes:
+            self._log.warning(f"perf: {n}")
+        return notes
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = []
+
+    def _window(self, now: float) -> float:
+        window = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        return window
+
+    def _metrics(self, containers: Sequence[Container], raws: Mapping[str, Raw], window: float) -> dict[str, dict[str, float]]:
+        zero = Raw(counter=(0,) * len(self.events), enabled=(0,) * len(self.events), running=(0,) * len(self.events))
+        out: dict[str, dict[str, float]] = {}
+        totals: dict[str, dict[str, float]] = {}
+        for c in containers:
+            counts = window_counts(self.events, raws.get(c.id, zero))
+            totals[c.id] = accumulate(self._totals.get(c.id, {}), counts)
+            out[c.id] = derive(self.events, counts, totals[c.id], window)
+        self._totals = totals  # containers that left are forgotten
+        return out
+
+
+class BpfPerfCollector(_Base):
+    """Mode `bpf`: events opened once per CPU, attributed by the `pmu` sched_switch program."""
+
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None) -> None:
+        super().__init__(config=config, host=host, cgroupfs=cgroupfs)
+        self._force_pid_keys = pid_keys
+        self._bpf: Any = None
+        self._map: bpfenv.CountingMap | None = None
+        self._keys: bpfenv.KeyMap | None = None
+        self._owners: dict[int, tuple[str, str]] = {}
+        self.defines: dict[str, Any] = {}
+
+    def start(self) -> CollectorStatus:
+        try:
+            notes = self._choose()
+            env = bpfenv.prepare(self.host, need=["pmu"])
+            if not bpfenv.kernel_ok(env.version, "bpf_perf_event_read_value"):
+                raise FeatureUnavailable("bpf", f"kernel {env.release} < 4.15 (no bpf_perf_event_read_value)")
+            pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
+            ncpu = possible_cpus(self.host.sysfs)
+            self.defines = {"PB_NEVENTS": len(self.events), "PB_NCPU": ncpu,
+                            "PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
+            self._bpf = env.load(bpf.render("pmu", self.defines))
+            self._open_into(self._bpf[b"pmu_events"], ncpu)
+            self._map = bpfenv.CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
+                                           batch=env.batch_reads, max_keys=self.config.max_keys)
+            self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        except (FeatureUnavailable, PerfbalanceError, OSError) as e:
+            self.close()
+            reason = getattr(e, "reason", None) or str(e)
+            self._log.warning(f"perf (bpf): {reason}")
+            return self._set(False, reason)
+        return self._set(True, "; ".join(notes), mode="bpf", events=describe(self.events),
+                         perf_fds=len(self._fds), keys="pid" if pid_keys else "cgroup_id")
+
+    def _open_into(self, array: Any, ncpu: int) -> None:
+        """Each event once per online CPU at index event * ncpu + cpu: CPUs x events fds."""
+        for i, e in enumerate(self.events):
+            for cpu in online_cpus(self.host.sysfs):
+                fd = perf_event_open(e, pid=-1, cpu=cpu)
+                self._fds.append(fd)
+                array[ctypes.c_int(i * ncpu + cpu)] = ctypes.c_int(fd)
+
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        if not self._status.up or self._map is None or self._keys is None:
+            return {}
+        window = self._window(now)
+        try:
+            deltas = self._map.deltas()
+            owners = self._keys.build(containers, deltas.keys())
+            self._map.prune(self._owners, owners)
+            self._owners = owners
+        except (PerfbalanceError, OSError) as e:
+            self._log.warning(f"perf (bpf): collection failed: {e}")
+            return {}
+        n = len(self.events)
+        raws: dict[str, Raw] = {}
+        for key, row in deltas.items():
+            owner = owners.get(key)
+            if owner is not None:
+                r = split_row(row, n)
+                raws[owner[0]] = raws[owner[0]] + r if owner[0] in raws else r
+        return self._metrics(containers, raws, window)
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._map = None
+        self._close_fds()
+        if self._status.up:
+            self._set(False, "closed")
+
+
+class CgroupPerfCollector(_Base):
+    """Mode `cgroup`: PERF_FLAG_PID_CGROUP events per container per CPU (hosts without BPF).
+
+    Costs containers x CPUs x events fds (cadvisor's way), which is why it is the fallback.
+    The cgroup fd is a directory of the v2 hierarchy, or of v1 perf_event where that is mounted.
+    """
+
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+        super().__init__(config=config, host=host, cgroupfs=cgroupfs)
+        self._open: dict[str, list[tuple[int, int]]] = {}  # container id -> [(event index, fd)]
+        self._prev: dict[str, dict[int, Reading]] = {}
+        self._controller: str | None = None
+
+    def start(self) -> CollectorStatus:
+        try:
+            notes = self._choose()
+            self._controller = "perf_event" if self.cgroupfs.has("perf_event") else None
+            self.cgroupfs.hierarchy(self._controller)  # FeatureUnavailable on v1 without perf_event
+        except (FeatureUnavailable, PerfbalanceError, OSError) as e:
+            reason = getattr(e, "reason", None) or str(e)
+            self._log.warning(f"perf (cgroup): {reason}")
+            return self._set(False, reason)
+        return self._set(True, "; ".join(notes + ["per-cgroup fds: containers x CPUs x events"]),
+                         mode="cgroup", events=describe(self.events))
+
+    def _ensure_open(self, c: Container) -> list[tuple[int, int]]:
+        if c.id in self._open:
+            return self._open[c.id]
+        opened: list[tuple[int, int]] = []
+        dfd = os.open(self.cgroupfs.dir(c.cgroup, self._controller), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, e in enumerate(self.events):
+                for cpu in online_cpus(self.host.sysfs):
+                    opened.append((i, perf_event_open(e, pid=dfd, cpu=cpu, flags=PERF_FLAG_PID_CGROUP)))
+        except OSError:
+            for _, fd in opened:
+                os.close(fd)
+            raise
+        finally:
+            os.close(dfd)
+        self._open[c.id] = opened
+        self._fds.extend(fd for _, fd in opened)
+        return opened
+
+    def _read(self, opened: Sequence[tuple[int, int]]) -> dict[int, Reading]:
+        """Sum each event over CPUs (cumulative)."""
+        acc: dict[int, list[int]] = {}
+        for i, fd in opened:
+            r = parse_reading(os.read(fd, 24))
+            a = acc.setdefault(i, [0, 0, 0])
+            a[0] += r.counter
+            a[1] += r.enabled
+            a[2] += r.running
+        return {i: Reading(counter=a[0], enabled=a[1], running=a[2]) for i, a in acc.items()}
+
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        if not self._status.up:
+            return {}
+        window = self._window(now)
+        raws: dict[str, Raw] = {}
+        live = {c.id for c in containers}
+        for cid in [k for k in self._open if k not in live]:
+            self._forget(cid)
+        for c in containers:
+            try:
+                cur = self._read(self._ensure_open(c))
+            except (PerfbalanceError, OSError) as e:
+                self._log.warning(f"perf (cgroup): {c.id}: {e}")
+                self._forget(c.id)
+                continue
+            prev = self._prev.get(c.id, {})
+            self._prev[c.id] = cur
+            raws[c.id] = _raw_delta(cur, prev, len(self.events))
+        return self._metrics(containers, raws, window)
+
+    def _forget(self, cid: str) -> None:
+        for _, fd in self._open.pop(cid, []):
+            os.close(fd)
+            self._fds.remove(fd)
+        self._prev.pop(cid, None)
+
+    def close(self) -> None:
+        for cid in list(self._open):
+            self._forget(cid)
+        self._close_fds()
+        if self._status.up:
+            self._set(False, "closed")
+
+
+def _raw_delta(cur: Mapping[int, Reading], prev: Mapping[int, Reading], n: int) -> Raw:
+    def d(i: int, f: str) -> int:
+        c = getattr(cur[i], f) if i in cur else 0
+        p = getattr(prev[i], f) if i in prev else 0
+        return c - p if c >= p else c
+    return Raw(counter=tuple(d(i, "counter") for i in range(n)), enabled=tuple(d(i, "enabled") for i in range(n)),
+               running=tuple(d(i, "running") for i in range(n)))
+
+
+def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> Any:
+    """The configured mode; `auto` tries BPF, then per-cgroup events. Call start() on the result."""
+    if config.mode == "off":
+        return OffCollector()
+    if config.mode == "cgroup":
+        return CgroupPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+    if config.mode == "bpf":
+        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+
+
+class AutoPerfCollector:
+    """`auto`: the BPF mode, else the per-cgroup mode (saying why BPF was not used)."""
+
+    name = "perf"
+
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+        self._args = {"config": config, "host": host, "cgroupfs": cgroupfs}
+        self.inner: Any = BpfPerfCollector(**self._args)
+
+    def start(self) -> CollectorStatus:
+        st = self.inner.start()
+        if st.up:
+            return st
+        self.inner = CgroupPerfCollector(**self._args)
+        st2 = self.inner.start()
+        if st2.up:
+            self.inner._set(True, f"BPF mode unavailable ({st.reason}); {st2.reason}", **st2.detail)
+        return self.inner.status()
+
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        return self.inner.collect(containers, now)  # type: ignore[no-any-return]
+
+    def status(self) -> CollectorStatus:
+        return self.inner.status()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def perf_fds(self) -> int:
+        return int(self.inner.perf_fds)
+
+
+class OffCollector:
+    name = "perf"
+    perf_fds = 0
+
+    def start(self) -> CollectorStatus:
+        return CollectorStatus(up=False, reason="disabled in config (collectors.perf.mode: off)")
+
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        return {}
+
+    def status(self) -> CollectorStatus:
+        return self.start()
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,153 @@
+"""AVX-512 per container: real 512-bit use apart from EVEX-256, smoothed with hysteresis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collectors.avx512 import Avx512Collector, Counts, Smoothed, per_container, smooth, window_metrics
+from collectors.config import Avx512Config
+from perfbalance.host import HostPaths
+
+from collector_helpers import NUMPY_EXP, SH_BUSY, Cgroups, bounded
+
+CFG = Avx512Config(threshold_on=0.10, threshold_off=0.05, ewma_alpha=0.5)
+
+
+# --- pure: smoothing and hysteresis ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("ratios", "heavy"), [
+    ([0.3], True),  # above threshold_on at once
+    ([0.3, 0.0], True),  # EWMA 0.15: still above threshold_off
+    ([0.3, 0.0, 0.0, 0.0], False),  # EWMA 0.15, 0.075, then 0.0375 <= threshold_off
+    ([0.08, 0.08, 0.08], False),  # between the thresholds, never crossed on
+    ([0.3, 0.08, 0.08, 0.08], True),  # between the thresholds after being on: stays on
+])
+def test_heavy_follows_hysteresis_of_the_smoothed_ratio(ratios: list[float], heavy: bool) -> None:
+    state = None
+    for r in ratios:
+        state = smooth(state, r, 0.0, CFG)
+    assert state is not None and state.heavy is heavy
+
+
+def test_window_without_switches_keeps_the_previous_state() -> None:
+    before = Smoothed(active=0.4, evex256=0.1, heavy=True)
+    assert smooth(before, None, None, CFG) is before
+
+
+def test_ewma_weights_the_newest_window_by_alpha() -> None:
+    s = smooth(Smoothed(active=0.0, evex256=1.0, heavy=False), 1.0, 0.0, CFG)
+    assert s is not None and (s.active, s.evex256) == (0.5, 0.5)
+
+
+def test_metrics_of_a_window_give_rates_ratios_and_the_flag() -> None:
+    m = window_metrics(Counts(zmm=20, evex256=10, all=100), Smoothed(active=0.2, evex256=0.1, heavy=True), 10.0, coarse=False)
+    assert m == {"avx512_coarse": 0.0, "avx512_heavy": 1.0, "avx512_switches_per_second": 2.0,
+                 "evex256_switches_per_second": 1.0, "fpu_switches_per_second": 10.0,
+                 "avx512_active_ratio": 0.2, "evex256_ratio": 0.1}
+
+
+def test_keys_of_one_container_are_summed_and_unowned_keys_ignored() -> None:
+    owners = {1: ("a", "/x"), 2: ("a", "/x/child"), 3: ("b", "/y")}
+    got = per_container({1: (1, 2, 10), 2: (3, 0, 5), 9: (100, 100, 100)}, owners)
+    assert got == {"a": Counts(zmm=4, evex256=2, all=15)}
+
+
+# --- real BPF ------------------------------------------------------------------------------------
+
+def collect_around(col: Avx512Collector, cgroups: Cgroups, runs: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    containers = [cgroups.new(tag) for tag in runs]
+    col.collect(containers, time.time())
+    procs = [cgroups.run(c, runs[c.id]) for c in containers]
+    for p in procs:
+        p.wait(timeout=60)
+    return dict(col.collect(containers, time.time()))
+
+
+@pytest.fixture
+def bpf_collector(host: HostPaths, cgroups: Cgroups):  # type: ignore[no-untyped-def]
+    col = Avx512Collector(config=CFG, host=host, cgroupfs=cgroups.fs)
+    st = col.start()
+    try:
+        assert st.up and st.detail["source"] == "bpf", st.reason
+        yield col
+    finally:
+        col.close()
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_numpy_exp_loop_is_classified_avx512_heavy(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
+    m = collect_around(bpf_collector, cgroups, {"numpy": bounded(NUMPY_EXP, 3)})["numpy"]
+    assert m["avx512_heavy"] == 1.0 and m["avx512_active_ratio"] > CFG.threshold_on, m
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_shell_busy_loop_is_evex256_but_not_avx512(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
+    m = collect_around(bpf_collector, cgroups, {"sh": bounded(SH_BUSY, 2)})["sh"]
+    assert m["evex256_ratio"] > 0 and m["fpu_switches_per_second"] > 0, m
+    assert m["avx512_active_ratio"] == 0.0 and m["avx512_heavy"] == 0.0, m
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_pid_keyed_program_maps_processes_to_their_container(host: HostPaths, cgroups: Cgroups) -> None:
+    col = Avx512Collector(config=CFG, host=host, cgroupfs=cgroups.fs, pid_keys=True)
+    try:
+        assert col.start().detail.get("keys") == "pid"
+        c = cgroups.new("numpy")
+        col.collect([c], time.time())
+        p = cgroups.run(c, bounded(NUMPY_EXP, 2))
+        time.sleep(1.5)  # read while the process lives: a pid key is mapped through its cgroup
+        m = col.collect([c], time.time())["numpy"]
+        p.wait(timeout=30)
+    finally:
+        col.close()
+    assert m["avx512_active_ratio"] > CFG.threshold_on, m
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_entries_of_vanished_cgroups_are_deleted_from_the_map(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
+    c = cgroups.new("gone")
+    bpf_collector.collect([c], time.time())
+    cgroups.run(c, bounded(SH_BUSY, 0.5)).wait(timeout=30)
+    bpf_collector.collect([c], time.time())
+    key = cgroups.fs.cgroup_id(c.cgroup)
+    table = bpf_collector._bpf[b"avx_counts"]
+    assert table.Key(key) in table
+    cgroups.cleanup()
+    cgroups.made.clear()
+    bpf_collector.collect([], time.time())
+    assert table.Key(key) not in table
+
+
+# --- degraded ------------------------------------------------------------------------------------
+
+@pytest.mark.root
+def test_without_headers_bpf_only_source_is_down_with_the_reason(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
+    col = Avx512Collector(config=Avx512Config(source="bpf"), host=no_headers_host, cgroupfs=cgroups.fs)
+    st = col.start()
+    assert not st.up and "no kernel headers" in st.reason
+    assert col.collect([cgroups.new("x")], time.time()) == {}
+
+
+@pytest.mark.root
+def test_without_bpf_auto_falls_back_to_the_coarse_arch_status_signal(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
+    col = Avx512Collector(config=CFG, host=no_headers_host, cgroupfs=cgroups.fs)
+    st = col.start()
+    assert st.up and st.detail["source"] == "arch_status" and "no kernel headers" in st.reason
+    c = cgroups.new("numpy")
+    col.collect([c], time.time())
+    p = cgroups.run(c, bounded(NUMPY_EXP, 2))
+    time.sleep(1.5)
+    m = col.collect([c], time.time())["numpy"]
+    p.wait(timeout=30)
+    assert m["avx512_coarse"] == 1.0 and m["avx512_active_ratio"] > 0 and "evex256_ratio" not in m
+
+
+def test_disabled_collector_is_down_and_says_so(host: HostPaths) -> None:
+    st = Avx512Collector(config=Avx512Config(enabled=False), host=host, cgroupfs=None).start()
+    assert not st.up and "disabled" in st.reason

@@ -1,0 +1,201 @@
+"""bpfenv: headers for bcc on a node without matching ones, kernel minimums, tracefs, map deltas."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from collectors import bpfenv
+from collectors.bpfenv import DeltaTable, KernelVersion
+from perfbalance.errors import FeatureUnavailable, ParseError
+from perfbalance.host import HostPaths
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def debian_headers(src: Path, version: str = "6.1.0-57") -> None:
+    tree(src / f"linux-headers-{version}-amd64", {
+        "include/generated/autoconf.h": "#define CONFIG_X86 1\n",
+        "arch/x86/include/generated/asm/x.h": "gen\n", "Makefile": "amd64\n"})
+    tree(src / f"linux-headers-{version}-common", {
+        "include/linux/kernel.h": "kernel\n", "arch/x86/include/asm/y.h": "common\n",
+        "Makefile": "common\n"})
+
+
+# --- kernel versions ---------------------------------------------------------------------------
+
+def test_release_parses_with_vendor_suffix() -> None:
+    assert bpfenv.parse_release("6.18.44-fc-v595") == KernelVersion(major=6, minor=18, patch=44)
+
+
+def test_bad_release_is_a_parse_error_naming_the_value() -> None:
+    with pytest.raises(ParseError, match="linux"):
+        bpfenv.parse_release("linux")
+
+
+def test_requirements_are_minimums_not_exact_matches() -> None:
+    checks = bpfenv.check_kernel(KernelVersion(major=4, minor=16))
+    assert checks["bpf_perf_event_read_value"]["ok"]
+    assert not checks["bpf_get_current_cgroup_id"]["ok"]
+    assert checks["bpf_get_current_cgroup_id"]["minimum"] == ">= 4.18"
+
+
+# --- headers -------------------------------------------------------------------------------------
+
+def test_host_build_dir_of_the_running_release_wins(tmp_path: Path) -> None:
+    tree(tmp_path / "modules/6.18.0/build", {"include/linux/kernel.h": ""})
+    debian_headers(tmp_path / "src")
+    host = HostPaths(modules=str(tmp_path / "modules"), headers_search=(str(tmp_path / "src"),),
+                     run_dir=str(tmp_path / "run"))
+    h = bpfenv.find_headers(host, "6.18.0")
+    assert (h.source, h.path) == ("host", str(tmp_path / "modules/6.18.0/build"))
+
+
+def test_debian_split_headers_are_merged_into_a_private_tree(tmp_path: Path) -> None:
+    debian_headers(tmp_path / "src")
+    host = HostPaths(modules=str(tmp_path / "none"), headers_search=(str(tmp_path / "src"),),
+                     run_dir=str(tmp_path / "run"))
+    h = bpfenv.find_headers(host, "6.18.44-fc")
+    merged = Path(h.path)
+    assert (h.source, h.release) == ("packaged", "6.1.0-57-amd64")
+    assert merged == tmp_path / "run/kheaders/6.18.44-fc"
+    assert (merged / "include/generated/autoconf.h").read_text().startswith("#define")
+    assert (merged / "include/linux/kernel.h").read_text() == "kernel\n"
+    assert (merged / "arch/x86/include/asm/y.h").exists() and (merged / "arch/x86/include/generated").exists()
+    assert (merged / "Makefile").read_text() == "amd64\n"  # the flavour tree wins on conflicts
+
+
+def test_nearest_packaged_version_is_chosen(tmp_path: Path) -> None:
+    debian_headers(tmp_path / "src", "5.10.0-30")
+    debian_headers(tmp_path / "src", "6.1.0-57")
+    host = HostPaths(modules=str(tmp_path / "none"), headers_search=(str(tmp_path / "src"),),
+                     run_dir=str(tmp_path / "run"))
+    assert bpfenv.find_headers(host, "6.18.44").release == "6.1.0-57-amd64"
+
+
+def test_merged_tree_is_reused_when_its_inputs_are_unchanged(tmp_path: Path) -> None:
+    debian_headers(tmp_path / "src")
+    parts = [str(tmp_path / "src/linux-headers-6.1.0-57-amd64"), str(tmp_path / "src/linux-headers-6.1.0-57-common")]
+    dest = str(tmp_path / "merged")
+    bpfenv.merge_trees(parts, dest)
+    inode = os.stat(dest).st_ino
+    bpfenv.merge_trees(parts, dest)
+    assert os.stat(dest).st_ino == inode
+    bpfenv.merge_trees(parts[:1], dest)
+    assert not (Path(dest) / "include/linux").exists()
+
+
+def test_kheaders_archive_is_extracted_when_nothing_else_exists(tmp_path: Path) -> None:
+    (tmp_path / "sys/kernel").mkdir(parents=True)
+    with tarfile.open(tmp_path / "sys/kernel/kheaders.tar.xz", "w:xz") as tar:
+        data = b"#define X 1\n"
+        info = tarfile.TarInfo("./include/linux/kernel.h")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    host = HostPaths(sysfs=str(tmp_path / "sys"), modules=str(tmp_path / "none"),
+                     headers_search=(str(tmp_path / "none"),), run_dir=str(tmp_path / "run"))
+    h = bpfenv.find_headers(host, "6.18.0")
+    assert h.source == "kheaders"
+    assert (Path(h.path) / "include/linux/kernel.h").read_bytes() == b"#define X 1\n"
+
+
+def test_kheaders_member_escaping_the_target_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "k.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        info = tarfile.TarInfo("../evil.h")
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(FeatureUnavailable, match="evil"):
+        bpfenv.extract_kheaders(str(archive), str(tmp_path / "out"))
+    assert not (tmp_path / "evil.h").exists()
+
+
+def test_no_headers_anywhere_says_what_was_searched(tmp_path: Path) -> None:
+    host = HostPaths(sysfs=str(tmp_path), modules=str(tmp_path / "mods"), headers_search=(str(tmp_path / "src"),),
+                     run_dir=str(tmp_path / "run"))
+    with pytest.raises(FeatureUnavailable) as e:
+        bpfenv.find_headers(host, "6.18.0")
+    assert str(tmp_path / "mods/6.18.0/build") in e.value.reason
+    assert str(tmp_path / "src") in e.value.reason and "kheaders.tar.xz" in e.value.reason
+
+
+# --- tracefs -----------------------------------------------------------------------------------
+
+def test_tracepoint_existence_is_read_from_tracefs(tmp_path: Path) -> None:
+    tree(tmp_path, {"events/sched/sched_switch/format": "name: sched_switch\n"})
+    assert bpfenv.tracepoints(str(tmp_path)) == {"x86_fpu/x86_fpu_regs_deactivated": False,
+                                                  "sched/sched_switch": True}
+
+
+def test_unmounted_tracefs_without_permission_to_mount_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(FeatureUnavailable, match="tracefs not mounted"):
+        bpfenv.ensure_tracefs(str(tmp_path), mount=False)
+
+
+# --- non-destructive map reads -----------------------------------------------------------------
+
+def test_first_read_of_a_key_counts_everything_since_it_appeared() -> None:
+    assert DeltaTable().update({7: (3, 1, 10)}) == {7: (3, 1, 10)}
+
+
+def test_later_reads_give_deltas_and_unchanged_keys_nothing() -> None:
+    t = DeltaTable()
+    t.update({7: (3, 1, 10), 8: (1, 1, 1)})
+    assert t.update({7: (5, 1, 12), 8: (1, 1, 1)}) == {7: (2, 0, 2)}
+
+
+def test_counter_that_went_backwards_restarts_from_zero() -> None:
+    t = DeltaTable()
+    t.update({7: (100, 0, 100)})
+    assert t.update({7: (4, 0, 5)}) == {7: (4, 0, 5)}
+
+
+def test_keys_that_left_the_map_are_forgotten() -> None:
+    t = DeltaTable()
+    t.update({7: (1, 0, 1), 8: (1, 0, 1)})
+    t.update({8: (2, 0, 2)})
+    assert t.keys() == [8]
+
+
+def test_proc_cgroup_lines_map_controllers_to_paths() -> None:
+    text = "12:cpu,cpuacct:/kubepods/pod1/abc\n1:name=systemd:/system.slice\n0::/unified/x\n"
+    assert bpfenv.parse_proc_cgroup(text) == {"cpu": "/kubepods/pod1/abc", "cpuacct": "/kubepods/pod1/abc",
+                                              "name=systemd": "/system.slice", "": "/unified/x"}
+
+
+def test_pid_maps_to_the_container_owning_an_ancestor_cgroup(tmp_path: Path) -> None:
+    tree(tmp_path, {"42/cgroup": "4:cpu:/kubepods/pod1/abc/container\n"})
+    assert bpfenv.container_of_pid(str(tmp_path), 42, {"kubepods/pod1/abc": "c1"}) == "c1"
+    assert bpfenv.container_of_pid(str(tmp_path), 43, {"kubepods/pod1/abc": "c1"}) is None
+
+
+def test_fdinfo_of_a_bpf_program_gives_run_time_and_count() -> None:
+    info = bpfenv.parse_fdinfo("prog_type:\t5\nrun_time_ns:\t1200\nrun_cnt:\t30\n")
+    assert (info["run_time_ns"], info["run_cnt"]) == ("1200", "30")
+
+
+# --- the real host -------------------------------------------------------------------------------
+
+@pytest.mark.root
+def test_probe_on_this_host_reports_headers_tracepoints_and_events(host: HostPaths) -> None:
+    report = bpfenv.probe(host)
+    assert report["available"], report["reason"]
+    assert report["headers"]["source"] in ("host", "packaged", "kheaders")
+    assert report["tracepoints"]["sched/sched_switch"]
+    assert report["kernel"]["requirements"]["bpf_get_current_cgroup_id"]["ok"]
+    assert report["perf_events"]["task_clock"] == "ok"
+
+
+@pytest.mark.root
+def test_probe_without_headers_is_unavailable_with_the_reason(no_headers_host: HostPaths) -> None:
+    report = bpfenv.probe(no_headers_host)
+    assert not report["available"] and "no kernel headers" in report["reason"]
