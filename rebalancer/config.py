@@ -1,16 +1,78 @@
-"""Configuration of the planner (the `rebalancer:` section). Pure data, no I/O."""
+"""Configuration of the planner (the `rebalancer:` section). Pure data, no I/O.
+
+Every constant of the cost model (docs/cost-model.md) is a setting here, so that a node with a
+different CPU, memory system or tolerance for moves is tuned in YAML, not in code.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfbalance.settings import setting
+
+# Expected core-frequency loss while a core holds an AVX-512 license, by CPU model name (matched
+# as a case-insensitive substring of topology.cpu_model, longest key first). Travis Downs 2020:
+# Skylake-SP L2 = 62-91% of L0; Cascade Lake a little better; Ice Lake server and Sapphire
+# Rapids lose little; client Ice/Tiger/Rocket Lake and AMD Zen 4 have no license at all.
+DEFAULT_LICENSE_LOSS: Mapping[str, float] = {
+    "Xeon(R) Gold 51": 0.25, "Xeon(R) Silver 41": 0.25, "Xeon(R) Bronze 31": 0.25,
+    "Xeon(R) Gold 61": 0.20, "Xeon(R) Platinum 81": 0.20, "Xeon(R) W-21": 0.20,
+    "Core(TM) i9-79": 0.20, "Core(TM) i7-78": 0.20,
+    "Xeon(R) Gold 52": 0.15, "Xeon(R) Gold 62": 0.15, "Xeon(R) Platinum 82": 0.15,
+    "Xeon(R) Silver 42": 0.15,
+    "Xeon(R) Gold 63": 0.05, "Xeon(R) Platinum 83": 0.05, "Xeon(R) Silver 43": 0.05,
+    "Xeon(R) Gold 64": 0.03, "Xeon(R) Platinum 84": 0.03, "Xeon(R) Gold 65": 0.03,
+    "Core(TM) i7-10": 0.0, "Core(TM) i7-11": 0.0, "Core(TM) i9-11": 0.0, "Core(TM) i5-11": 0.0,
+    "AMD": 0.0,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class RebalancerConfig:
     enabled: bool = setting(True, "Plan moves at all (false: collect and report only).")
-    margin: float = setting(0.02, "A move is made only when benefit - cost exceeds this many core-seconds per second.", min=0.0)
+    margin: float = setting(0.02, "A move is made only when benefit - amortized cost exceeds this many core-seconds per second.", min=0.0)
     dwell_seconds: float = setting(60.0, "Minimum time a container stays where it was put before it may move again.", min=0.0)
-    cooldown_seconds: float = setting(30.0, "Time after a container's move or rollback before it is considered again.", min=0.0)
-    max_moves_per_cycle: int = setting(2, "Cap on actions applied per cycle.", min=0)
+    cooldown_seconds: float = setting(300.0, "After a rollback, the containers involved are left alone this long.", min=0.0)
+    max_moves_per_cycle: int = setting(2, "Cap on move decisions per cycle (one decision may move several containers, e.g. an AVX-512 island and the containers it evicts).", min=0)
+    max_actions_per_cycle: int = setting(256, "Cap on container actions per cycle; a decision needing more is skipped.", min=1)
+    smoothing_alpha: float = setting(0.5, "Weight of the newest window in the EWMA of every planner input.", min=0.01, max=1.0)
+    amortize_seconds: float = setting(60.0, "One-time move costs (core-seconds) are spread over this many seconds to compare with benefits (core-seconds per second).", min=1.0)
+    # AVX-512
+    avx512_heavy_threshold: float = setting(0.5, "Smoothed avx512_heavy above which a container is treated as AVX-512-heavy.", min=0.0, max=1.0)
+    avx512_license_loss: Mapping[str, float] = setting(factory=lambda: dict(DEFAULT_LICENSE_LOSS), doc="Frequency loss (0..1) while a core holds an AVX-512 license, by substring of the CPU model name (longest match wins).")
+    avx512_default_loss: float = setting(0.10, "Frequency loss for CPU models not in the table.", min=0.0, max=1.0)
+    island_headroom: float = setting(0.10, "Extra CPU capacity, as a fraction of smoothed usage, given to an AVX-512 island.", min=0.0, max=4.0)
+    # LLC
+    llc_alpha: float = setting(0.5, "Exponent of the miss-rate curve M(C) = M0 (C/C0)^-alpha (the sqrt-2 rule).", min=0.0, max=2.0)
+    llc_aggressor_misses_per_second: float = setting(5e6, "Smoothed LLC misses per second above which a container is a cache aggressor.", min=0.0)
+    llc_aggressor_occupancy_fraction: float = setting(0.25, "... and (when resctrl reports it) LLC occupancy above this fraction of an L3 domain.", min=0.0, max=1.0)
+    llc_victim_mpki: float = setting(1.0, "Smoothed LLC MPKI above which a non-aggressor is cache-sensitive.", min=0.0)
+    llc_max_gain: float = setting(16.0, "Cap on the predicted cache-share ratio after a move (working sets are unknown).", min=1.0)
+    rdt_aggressor_class: str = setting("", "RDT class for cache aggressors (empty: never change RDT classes).")
+    rdt_aggressor_fraction: float = setting(0.2, "Fraction of an L3 domain the aggressor class may fill.", min=0.0, max=1.0)
+    # memory
+    memory_latency_seconds: float = setting(90e-9, "Idle memory latency.", min=0.0)
+    memory_parallelism: float = setting(2.0, "Average outstanding misses per stalled core (MLP).", min=0.1)
+    memory_bandwidth_per_node: float = setting(60e9, "Sustainable memory bandwidth of one NUMA node, bytes per second.", min=1.0)
+    memory_bandwidth_per_node_overrides: Mapping[int, float] = setting(factory=dict, doc="Per-NUMA-node sustainable bandwidth, bytes per second, overriding the default.")
+    bandwidth_knee_low: float = setting(0.4, "Utilization up to which loaded latency stays at the idle latency.", min=0.0, max=1.0)
+    bandwidth_knee_high: float = setting(0.8, "Utilization where loaded latency reaches 1.5x idle; it rises 5x idle per unit beyond.", min=0.0, max=1.0)
+    # move costs
+    refill_bandwidth: float = setting(10e9, "Bytes per second at which a moved container refills its LLC footprint.", min=1.0)
+    migration_bandwidth: float = setting(2e9, "Bytes per second at which the kernel migrates memory when cpuset.mems changes.", min=1.0)
+    disruption_core_seconds: float = setting(0.01, "Fixed cost of any move (cold L1/L2, scheduler churn), core-seconds.", min=0.0)
+    # evaluation after a move
+    settle_seconds: float = setting(30.0, "Time after a move before the victims' measured gain is compared with the prediction.", min=0.0)
+    rollback_fraction: float = setting(0.25, "A move is rolled back when the realized gain is below this fraction of the predicted gain.", min=0.0, max=1.0)
+
+    def license_loss(self, cpu_model: str) -> float:
+        """Frequency loss for `cpu_model`: the longest table key it contains, else the default."""
+        model = cpu_model.lower()
+        for key in sorted(self.avx512_license_loss, key=lambda k: (-len(k), k)):
+            if key.lower() in model:
+                return float(self.avx512_license_loss[key])
+        return self.avx512_default_loss
+
+    def bandwidth_of(self, node: int) -> float:
+        return float(self.memory_bandwidth_per_node_overrides.get(node, self.memory_bandwidth_per_node))

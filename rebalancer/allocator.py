@@ -1,0 +1,144 @@
+"""A NUMA- and die-aware CPU allocator (cri-resource-manager's "improve allocation heuristics").
+
+Given the CPUs that are free to hand out, pick `count` of them so that the container loses as
+little as possible to topology: in order of preference
+
+1. a whole die, when the request is exactly a die;
+2. a whole NUMA node, when the request is exactly a node;
+3. whole cores inside one die, then inside one NUMA node (best fit: the tightest domain that
+   still has room, so large free domains stay intact for large requests);
+4. single threads inside one NUMA node, siblings of already-busy cores first (keeps whole
+   cores free for AVX-512 islands and for requests that need them);
+5. only when nothing fits in one node: the fewest nodes, the emptiest first.
+
+SST-BF high-priority CPUs (`Topology.high_priority()`) go to the most sensitive containers and
+are avoided for everyone else. Pure and deterministic: ties are broken by CPU id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rebalancer.topoindex import CoreKey, TopoIndex
+
+
+def allocate(idx: TopoIndex, free: Iterable[int], count: int, *, whole_cores: bool = False,
+             prefer_nodes: Sequence[int] = (), high_priority: bool = False) -> frozenset[int] | None:
+    """`count` CPUs from `free` (rounded up to whole cores if `whole_cores`), or None."""
+    avail = frozenset(free) & idx.online
+    if count <= 0 or len(avail) < count:
+        return None
+    exact = _exact_domain(idx, avail, count, prefer_nodes)
+    if exact is not None:
+        return exact
+    for domains in (_dies_by_node(idx), idx.nodes):
+        got = _cores_in_one(idx, avail, count, domains, prefer_nodes, high_priority, whole_cores)
+        if got is not None:
+            return got
+    if not whole_cores:
+        got = _threads_in_one_node(idx, avail, count, prefer_nodes, high_priority)
+        if got is not None:
+            return got
+    return _spanning(idx, avail, count, prefer_nodes, high_priority, whole_cores)
+
+
+def _node_rank(prefer_nodes: Sequence[int], node: int) -> int:
+    return prefer_nodes.index(node) if node in prefer_nodes else len(prefer_nodes)
+
+
+def _exact_domain(idx: TopoIndex, avail: frozenset[int], count: int,
+                  prefer_nodes: Sequence[int]) -> frozenset[int] | None:
+    for domains in (idx.dies, idx.nodes):
+        fits = [cpus for cpus in domains.values() if len(cpus) == count and cpus <= avail]
+        if fits:
+            return min(fits, key=lambda s: (_node_rank(prefer_nodes, idx.node_of[min(s)]), min(s)))
+    return None
+
+
+def _dies_by_node(idx: TopoIndex) -> dict[tuple[int, int], frozenset[int]]:
+    """Dies split at NUMA boundaries (a die never spans nodes in practice; be safe)."""
+    out: dict[tuple[int, int], frozenset[int]] = {}
+    for (pkg, die), cpus in idx.dies.items():
+        for node in sorted(idx.nodes_of(cpus)):
+            out[(node, pkg * 4096 + die)] = cpus & idx.nodes[node]
+    return out
+
+
+def _core_order(idx: TopoIndex, cores: list[CoreKey], high_priority: bool) -> list[CoreKey]:
+    hp = idx.high_priority
+
+    def key(k: CoreKey) -> tuple[int, int, int]:
+        is_hp = bool(idx.cores[k] & hp)
+        return (0 if is_hp == high_priority else 1, idx.l3_of[min(idx.cores[k])], min(idx.cores[k]))
+    return sorted(cores, key=key)
+
+
+def _free_cores(idx: TopoIndex, avail: frozenset[int], domain: frozenset[int]) -> list[CoreKey]:
+    keys = {idx.core_of[c] for c in domain & avail}
+    return [k for k in keys if idx.cores[k] <= avail]
+
+
+def _cores_in_one(idx: TopoIndex, avail: frozenset[int], count: int, domains: dict,  # type: ignore[type-arg]
+                  prefer_nodes: Sequence[int], high_priority: bool,
+                  whole_cores: bool) -> frozenset[int] | None:
+    options = []
+    for dkey, cpus in domains.items():
+        cores = _free_cores(idx, avail, cpus)
+        size = sum(len(idx.cores[k]) for k in cores)
+        if size >= count:
+            node = idx.node_of[min(cpus)]
+            options.append(((_node_rank(prefer_nodes, node), size, min(cpus)), cores))
+    if not options:
+        return None
+    _, cores = min(options, key=lambda o: o[0])
+    return _take_cores(idx, avail, _core_order(idx, cores, high_priority), count, whole_cores)
+
+
+def _take_cores(idx: TopoIndex, avail: frozenset[int], cores: list[CoreKey], count: int,
+                whole_cores: bool) -> frozenset[int]:
+    out: set[int] = set()
+    for k in cores:
+        if len(out) >= count:
+            break
+        cpus = idx.cores[k]
+        if not whole_cores and len(out) + len(cpus) > count:
+            cpus = frozenset(sorted(cpus)[:count - len(out)])
+        out |= cpus
+    return frozenset(out)
+
+
+def _threads_in_one_node(idx: TopoIndex, avail: frozenset[int], count: int,
+                         prefer_nodes: Sequence[int], high_priority: bool) -> frozenset[int] | None:
+    options = []
+    for node, cpus in idx.nodes.items():
+        free = cpus & avail
+        if len(free) >= count:
+            options.append(((_node_rank(prefer_nodes, node), len(free), node), free))
+    if not options:
+        return None
+    _, free = min(options, key=lambda o: o[0])
+    return frozenset(sorted(free, key=lambda c: _thread_key(idx, avail, c, high_priority))[:count])
+
+
+def _thread_key(idx: TopoIndex, avail: frozenset[int], cpu: int,
+                high_priority: bool) -> tuple[int, int, int]:
+    partial = 0 if not idx.cores[idx.core_of[cpu]] <= avail else 1
+    hp = 0 if (cpu in idx.high_priority) == high_priority else 1
+    return (hp, partial, cpu)
+
+
+def _spanning(idx: TopoIndex, avail: frozenset[int], count: int, prefer_nodes: Sequence[int],
+              high_priority: bool, whole_cores: bool) -> frozenset[int] | None:
+    nodes = sorted(idx.nodes, key=lambda n: (_node_rank(prefer_nodes, n), -len(idx.nodes[n] & avail), n))
+    out: set[int] = set()
+    for n in nodes:
+        if len(out) >= count:
+            break
+        cores = _core_order(idx, _free_cores(idx, avail, idx.nodes[n]), high_priority)
+        out |= _take_cores(idx, avail, cores, count - len(out), whole_cores)
+        if not whole_cores and len(out) < count:
+            rest = sorted(idx.nodes[n] & avail - out, key=lambda c: _thread_key(idx, avail, c, high_priority))
+            out |= set(rest[:count - len(out)])
+    if len(out) < count:
+        return None
+    return frozenset(out)

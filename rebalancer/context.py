@@ -1,0 +1,70 @@
+"""Everything one planning call derives from its inputs, computed once and shared read-only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfbalance import mcpu
+from perfbalance.model import Snapshot
+from rebalancer.config import RebalancerConfig
+from rebalancer.constraints import shareable
+from rebalancer.costmodel import CostModel, Evaluation, Layout
+from rebalancer.inputs import View, view
+from rebalancer.state import PlannerState
+from rebalancer.topoindex import TopoIndex
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    snapshot: Snapshot
+    config: RebalancerConfig
+    now: float
+    idx: TopoIndex
+    views: Mapping[str, View]
+    free: frozenset[int]  # CPUs that may be handed out (see constraints.shareable)
+    requests: Mapping[str, int]
+    model: CostModel
+    base: Layout  # the measured placement
+    base_eval: Evaluation
+    state: PlannerState
+    rdt_class: str  # the aggressor class, "" when RDT actions are off
+
+    @classmethod
+    def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
+              smoothed: Mapping[str, Mapping[str, float]], now: float) -> Context:
+        idx = TopoIndex.build(snapshot.topology)
+        views = {s.id: view(s, smoothed.get(s.id, {}), config) for s in snapshot.containers}
+        resctrl = snapshot.collectors.get("resctrl")
+        rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
+        model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt)
+        placement = {cid: (v.cpuset & idx.online) or idx.online for cid, v in views.items()}
+        base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
+        model.set_baseline(base)
+        return cls(snapshot=snapshot, config=config, now=now, idx=idx, views=views,
+                   free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
+                   model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
+
+    def need_mcpu(self, cid: str) -> int:
+        """CPU a container should be given: its request, or its usage plus headroom if larger."""
+        v = self.views[cid]
+        used = mcpu.from_cores(v.usage * (1.0 + self.config.island_headroom))
+        return max(v.request_mcpu, used, 1)
+
+    def need_cpus(self, ids: list[str]) -> int:
+        """Whole CPUs for several containers: milli-CPU summed, rounded up once."""
+        return max(1, mcpu.to_cpus(mcpu.total(self.need_mcpu(c) for c in ids)))
+
+    def blocked(self, cid: str) -> str:
+        """Why `cid` may not move now ("" when it may)."""
+        v = self.views[cid]
+        if v.exclusive:
+            return "exclusive"
+        until = self.state.cooldown_until.get(cid)
+        if until is not None and self.now < until:
+            return f"cooldown for {math.ceil(until - self.now)} s after a rollback"
+        moved = self.state.moved_at.get(cid)
+        if moved is not None and self.now - moved < self.config.dwell_seconds:
+            return f"dwell: moved {self.now - moved:.0f} s ago (< {self.config.dwell_seconds:.0f} s)"
+        return ""

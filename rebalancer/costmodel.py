@@ -1,0 +1,306 @@
+"""The cost model: how many core-seconds per second a placement loses to interference.
+
+A placement (container -> CPUs, plus RDT classes) is scored by the CPU time the containers lose:
+
+* AVX-512 contamination: CPU time of non-AVX containers on cores that hold an AVX-512 license,
+  times the frequency loss of this CPU model;
+* LLC contention: extra stall time of cache-sensitive victims whose share of an L3 domain shrinks,
+  through the miss-rate curve M(C) = M0 (C/C0)^-a;
+* memory bandwidth: extra stall time of every miss once a NUMA node's bandwidth use passes the
+  knee of the loaded-latency curve;
+* CPU: demand the water-filling scheduler model cannot serve (so the planner never crams).
+
+Containers with the same cpuset are aggregated into groups, so scoring a placement costs about
+one pass over the CPUs, whatever the number of containers. Formulas: docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rebalancer.config import RebalancerConfig
+from rebalancer.inputs import View
+from rebalancer.sharing import fill_order, water_fill
+from rebalancer.topoindex import TopoIndex
+
+Placement = Mapping[str, frozenset[int]]
+
+
+def loaded_latency_factor(u: float, low: float, high: float) -> float:
+    """L(u)/L_idle: flat to `low`, linear to 1.5x at `high`, then +5x per unit of utilization."""
+    if u <= low:
+        return 1.0
+    if u <= high:
+        return 1.0 + 0.5 * (u - low) / max(high - low, 1e-9)
+    return 1.5 + 5.0 * (u - high)
+
+
+@dataclass(slots=True)
+class Group:
+    """Containers that share one cpuset, with summed inputs."""
+
+    members: list[str]
+    u: float = 0.0  # usage
+    au: float = 0.0  # usage of AVX-512-heavy members
+    m: float = 0.0  # LLC misses/s of members in the default RDT class
+    mr: float = 0.0  # ... in the aggressor class
+    b: float = 0.0  # memory bandwidth
+
+
+@dataclass(slots=True)
+class Layout:
+    """A placement with its groups; `moved` derives a new layout cheaply."""
+
+    placement: dict[str, frozenset[int]]
+    classes: dict[str, str]
+    groups: dict[frozenset[int], Group]
+
+    def moved(self, model: CostModel, cpus: Mapping[str, frozenset[int]],
+              classes: Mapping[str, str] | None = None) -> Layout:
+        placement = dict(self.placement)
+        placement.update(cpus)
+        new_classes = dict(self.classes)
+        new_classes.update(classes or {})
+        groups = dict(self.groups)
+        touched = set(cpus) | set(classes or {})
+        dirty = {self.placement[c] for c in touched} | {placement[c] for c in touched}
+        members: dict[frozenset[int], set[str]] = {
+            k: set(groups[k].members) if k in groups else set() for k in dirty}
+        for cid in touched:
+            members[self.placement[cid]].discard(cid)
+        for cid in touched:
+            members[placement[cid]].add(cid)
+        for k, ids in members.items():
+            if ids:
+                groups[k] = model.build_group(ids, new_classes)
+            else:
+                groups.pop(k, None)
+        return Layout(placement=placement, classes=new_classes, groups=groups)
+
+
+@dataclass(slots=True)
+class Evaluation:
+    total: float
+    parts: dict[str, float]
+    rates: dict[frozenset[int], tuple[float, float, float]]  # group -> (avx/scalar core, bw/miss, unserved/core)
+    stalls: dict[str, float] = field(default_factory=dict)  # LLC victim -> stall core-s/s
+
+
+class CostModel:
+    """Scores layouts of one snapshot. Pure: holds only the snapshot's derived values."""
+
+    def __init__(self, *, idx: TopoIndex, views: Mapping[str, View], config: RebalancerConfig,
+                 aggressor_class: str = "") -> None:
+        self.idx, self.views, self.cfg = idx, views, config
+        self.loss = config.license_loss(idx.cpu_model)
+        self.aggressor_class = aggressor_class
+        self.aggressors = frozenset(v.id for v in views.values() if self._is_aggressor(v))
+        self.llc_victims = frozenset(
+            v.id for v in views.values()
+            if v.id not in self.aggressors and v.misses > 0 and v.mpki >= config.llc_victim_mpki)
+        self.llc_on = bool(self.aggressors and self.llc_victims and
+                           (len(idx.l3s) > 1 or aggressor_class))
+        self.bw_on = any(v.bandwidth > 0 for v in views.values())
+        self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
+        self._k0: dict[str, float] = {}
+        self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
+
+    # -- roles -------------------------------------------------------------------------------
+    def _is_aggressor(self, v: View) -> bool:
+        if v.misses < self.cfg.llc_aggressor_misses_per_second:
+            return False
+        if v.occupancy is None or self.idx.l3_size <= 0:
+            return True
+        return v.occupancy >= self.cfg.llc_aggressor_occupancy_fraction * self.idx.l3_size
+
+    # -- layouts -----------------------------------------------------------------------------
+    def layout(self, placement: Mapping[str, frozenset[int]], classes: Mapping[str, str]) -> Layout:
+        members: dict[frozenset[int], list[str]] = {}
+        for cid, cpus in placement.items():
+            members.setdefault(cpus, []).append(cid)
+        groups = {k: self.build_group(ids, classes) for k, ids in members.items()}
+        return Layout(placement=dict(placement), classes=dict(classes), groups=groups)
+
+    def build_group(self, ids: Iterable[str], classes: Mapping[str, str]) -> Group:
+        """Sum the members' inputs in sorted order (so equal layouts score bit-identically)."""
+        g = Group(members=sorted(ids))
+        for cid in g.members:
+            v = self.views[cid]
+            restricted = bool(self.aggressor_class) and classes.get(cid) == self.aggressor_class
+            g.u += v.usage
+            g.au += v.usage if v.heavy else 0.0
+            g.mr += v.misses if restricted else 0.0
+            g.m += 0.0 if restricted else v.misses
+            g.b += v.bandwidth
+        return g
+
+    def set_baseline(self, layout: Layout) -> None:
+        """Record each LLC victim's modelled cache share in the measured placement (C0)."""
+        if self.llc_on:
+            self._k0 = {}
+            shares = self._cache_shares(layout, self.ordered(layout))
+            for cpus, g in layout.groups.items():
+                for cid in g.members:
+                    if cid in self.llc_victims:
+                        self._k0[cid] = shares.get(cpus, 0.0)
+
+    def ordered(self, layout: Layout) -> list[frozenset[int]]:
+        """Groups in water-filling order (also fixes the order of every float sum)."""
+        order = self._order
+        for k in layout.groups:
+            if k not in order:
+                order[k] = fill_order(k)
+        return sorted(layout.groups, key=order.__getitem__)
+
+    def frac(self, kind: str, cpus: frozenset[int]) -> dict[int, float]:
+        """Fraction of a cpuset in each L3 domain ("l3") or NUMA node ("node")."""
+        key = (kind, cpus)
+        hit = self._frac_cache.get(key)
+        if hit is None:
+            of = self.idx.l3_of if kind == "l3" else self.idx.node_of
+            hit = {}
+            for c in cpus:
+                d = of.get(c)
+                if d is not None:
+                    hit[d] = hit.get(d, 0.0) + 1.0 / len(cpus)
+            self._frac_cache[key] = hit
+        return hit
+
+    # -- scoring -----------------------------------------------------------------------------
+    def evaluate(self, layout: Layout) -> Evaluation:
+        keys = self.ordered(layout)
+        contribs, _ = water_fill([(k, layout.groups[k].u) for k in keys])
+        avx_core, unserved = self._avx_and_cpu(layout, keys, contribs)
+        bw_rate = self._bandwidth_rates(layout, keys) if self.bw_on else {}
+        stalls = self._llc_stalls(layout, keys) if self.llc_on else {}
+        rates: dict[frozenset[int], tuple[float, float, float]] = {}
+        parts = {"avx512": 0.0, "llc": sum(stalls.values()), "bandwidth": 0.0, "cpu": 0.0}
+        for k in keys:
+            g = layout.groups[k]
+            scalar = g.u - g.au
+            avx_rate = avx_core.get(k, 0.0) / scalar if scalar > 1e-12 else 0.0
+            un = unserved.get(k, 0.0)
+            rates[k] = (avx_rate, bw_rate.get(k, 0.0), un / g.u if g.u > 1e-12 else 0.0)
+            parts["avx512"] += avx_core.get(k, 0.0)
+            parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
+            parts["cpu"] += un
+        return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)
+
+    def _avx_and_cpu(self, layout: Layout, keys: list[frozenset[int]],
+                     contribs: list[dict[int, float]]) -> tuple[dict[frozenset[int], float], dict[frozenset[int], float]]:
+        avx_t: dict[int, float] = {}
+        unserved: dict[frozenset[int], float] = {}
+        for k, contrib in zip(keys, contribs):
+            g = layout.groups[k]
+            unserved[k] = max(0.0, g.u - sum(contrib.values()))
+            if g.au > 0 and g.u > 0:
+                share = g.au / g.u
+                for cpu, x in contrib.items():
+                    avx_t[cpu] = avx_t.get(cpu, 0.0) + x * share
+        if not avx_t or self.loss <= 0:
+            return {}, unserved
+        p_core = self._license_probability(avx_t)
+        core_of = self.idx.core_of
+        out: dict[frozenset[int], float] = {}
+        for k, contrib in zip(keys, contribs):
+            g = layout.groups[k]
+            if g.u <= g.au:
+                continue
+            scalar_share = (g.u - g.au) / g.u
+            lost = sum(x * p_core.get(core_of[cpu], 0.0) for cpu, x in contrib.items())
+            if lost > 0:
+                out[k] = lost * scalar_share * self.loss
+        return out, unserved
+
+    def _license_probability(self, avx_t: Mapping[int, float]) -> dict[tuple[int, int, int], float]:
+        """P(core holds a license) = 1 - prod over its threads of (1 - AVX busy fraction)."""
+        free: dict[tuple[int, int, int], float] = {}
+        for cpu, a in avx_t.items():
+            key = self.idx.core_of[cpu]
+            free[key] = free.get(key, 1.0) * (1.0 - min(1.0, a))
+        return {k: 1.0 - f for k, f in free.items()}
+
+    def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
+        used: dict[int, float] = {}
+        for k in keys:
+            g = layout.groups[k]
+            if g.b > 0:
+                for n, f in self.frac("node", k).items():
+                    used[n] = used.get(n, 0.0) + g.b * f
+        cfg = self.cfg
+        per_miss = {n: cfg.memory_latency_seconds / cfg.memory_parallelism *
+                    (loaded_latency_factor(b / cfg.bandwidth_of(n), cfg.bandwidth_knee_low,
+                                           cfg.bandwidth_knee_high) - 1.0)
+                    for n, b in used.items()}
+        return {k: sum(f * per_miss.get(n, 0.0) for n, f in self.frac("node", k).items())
+                for k in keys}
+
+    def _cache_shares(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
+        """K(group): cache a member gets per miss/s of insertion rate, summed over its L3s."""
+        tu: dict[int, float] = {}
+        tr: dict[int, float] = {}
+        for k in keys:
+            g = layout.groups[k]
+            if g.m <= 0 and g.mr <= 0:
+                continue
+            for d, f in self.frac("l3", k).items():
+                tu[d] = tu.get(d, 0.0) + g.m * f
+                tr[d] = tr.get(d, 0.0) + g.mr * f
+        phi = self.cfg.rdt_aggressor_fraction
+        avail = {d: 1.0 - min(phi, tr[d] / (tu[d] + tr[d])) if tu[d] + tr[d] > 0 else 1.0 for d in tu}
+        out: dict[frozenset[int], float] = {}
+        for k in keys:
+            g = layout.groups[k]
+            if g.m > 0:
+                out[k] = sum(f * avail[d] / tu[d] for d, f in self.frac("l3", k).items() if tu.get(d, 0) > 0)
+        return out
+
+    def _llc_stalls(self, layout: Layout, keys: list[frozenset[int]]) -> dict[str, float]:
+        shares = self._cache_shares(layout, keys)
+        cfg = self.cfg
+        per_miss = cfg.memory_latency_seconds / cfg.memory_parallelism
+        out: dict[str, float] = {}
+        for k in keys:
+            for cid in layout.groups[k].members:
+                if cid not in self.llc_victims:
+                    continue
+                v = self.views[cid]
+                k0 = self._k0.get(cid, 0.0)
+                ratio = shares.get(k, 0.0) / k0 if k0 > 0 else 1.0
+                ratio = min(cfg.llc_max_gain, max(1.0 / cfg.llc_max_gain, ratio))
+                out[cid] = min(v.usage, v.misses * ratio ** -cfg.llc_alpha * per_miss)
+        return out
+
+    # -- per container -------------------------------------------------------------------------
+    def container_loss(self, ev: Evaluation, layout: Layout, cid: str) -> float:
+        v = self.views[cid]
+        avx_rate, bw_rate, un_rate = ev.rates.get(layout.placement[cid], (0.0, 0.0, 0.0))
+        loss = 0.0 if v.heavy else avx_rate * v.usage
+        return loss + bw_rate * v.misses + un_rate * v.usage + ev.stalls.get(cid, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoveCost:
+    refill: float  # core-seconds
+    migration: float
+    disruption: float
+
+    @property
+    def total(self) -> float:
+        return self.refill + self.migration + self.disruption
+
+
+def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,
+              config: RebalancerConfig) -> MoveCost:
+    """One-time cost of moving `v` from `frm` to `to` (core-seconds; see docs/cost-model.md)."""
+    if frm == to:
+        return MoveCost(refill=0.0, migration=0.0, disruption=0.0)
+    old_l3 = {idx.l3_of[c] for c in frm if c in idx.l3_of}
+    cold = sum(1 for c in to if idx.l3_of.get(c) not in old_l3) / max(1, len(to))
+    refill = (v.occupancy or 0.0) * cold / config.refill_bandwidth
+    mems_from = v.mems or idx.nodes_of(frm)
+    mems_to = idx.nodes_of(to)
+    moved = len(mems_from - mems_to) / max(1, len(mems_from))
+    migration = v.memory_bytes * moved / config.migration_bandwidth
+    return MoveCost(refill=refill, migration=migration, disruption=config.disruption_core_seconds)

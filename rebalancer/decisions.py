@@ -1,0 +1,216 @@
+"""Candidate decisions: the moves worth scoring for the current (hypothetical) layout.
+
+The cost model decides whether a candidate pays; this module only proposes a small, bounded set
+of sensible ones, each a complete change (e.g. an AVX-512 island *and* the evictions that make
+its cores clean), so the greedy loop in planner.py never needs half-finished intermediate states:
+
+* avx512_island: AVX-512-heavy containers that share cores with scalar work move, as a cohort,
+  to whole cores (the existing island if it has room, a grown island, or fresh cores from the
+  allocator); scalar containers leave those cores.
+* avx512_shield: an exclusive (immovable) AVX-512-heavy container's SMT siblings are cleared of
+  scalar work.
+* llc_separate: a cache aggressor or a cache-sensitive victim moves to another L3 domain.
+* llc_rdt: a cache aggressor moves to the configured restricted RDT class.
+* bandwidth: a bandwidth-heavy container moves to a NUMA node with bandwidth to spare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from perfbalance.cpuset import CpuSet
+from rebalancer.allocator import allocate
+from rebalancer.context import Context
+from rebalancer.costmodel import Layout
+
+MAX_PER_KIND = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    kind: str
+    primary: str
+    reason: str
+    cpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    classes: Mapping[str, str] = field(default_factory=dict)
+    allocated: frozenset[str] = frozenset()  # containers whose target came from the allocator
+    island: frozenset[str] = frozenset()  # containers moved onto an AVX-512 island
+
+
+def candidates(ctx: Context, layout: Layout) -> list[Decision]:
+    out = _avx_islands(ctx, layout) + _avx_shields(ctx, layout)
+    if ctx.model.llc_on:
+        out += _llc(ctx, layout)
+    if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
+        out += _bandwidth(ctx, layout)
+    return out
+
+
+# -- AVX-512 ------------------------------------------------------------------------------------
+
+def _scalar_cpus(ctx: Context, layout: Layout) -> frozenset[int]:
+    out: set[int] = set()
+    for cpus, g in layout.groups.items():
+        if g.u - g.au > 1e-9:
+            out |= cpus
+    return frozenset(out)
+
+
+def _heavy(ctx: Context) -> list[str]:
+    return sorted(cid for cid, v in ctx.views.items() if v.heavy)
+
+
+def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[int]:
+    """Whole free cores that only AVX-512-heavy containers use."""
+    heavy_cpus: set[int] = set()
+    for cid in _heavy(ctx):
+        heavy_cpus |= layout.placement[cid]
+    clean = ctx.idx.full_cores_within(ctx.free - scalar)
+    return clean & ctx.idx.whole_cores(frozenset(heavy_cpus))
+
+
+def _avx_islands(ctx: Context, layout: Layout) -> list[Decision]:
+    scalar = _scalar_cpus(ctx, layout)
+    cohorts: dict[frozenset[int], list[str]] = {}
+    for cid in _heavy(ctx):
+        cpus = layout.placement[cid]
+        if not ctx.views[cid].exclusive and ctx.idx.whole_cores(cpus) & scalar:
+            cohorts.setdefault(cpus, []).append(cid)
+    island = _island(ctx, layout, scalar)
+    out: list[Decision] = []
+    for _, cohort in sorted(cohorts.items(), key=lambda kv: kv[1][0])[:MAX_PER_KIND]:
+        for target, members in _island_targets(ctx, layout, cohort, island):
+            d = _with_evictions(ctx, layout, members, target, cohort[0])
+            if d is not None:
+                out.append(d)
+    return out
+
+
+def _island_targets(ctx: Context, layout: Layout, cohort: list[str],
+                    island: frozenset[int]) -> list[tuple[frozenset[int], list[str]]]:
+    """(target CPUs, heavy containers to put there): existing island, grown island, fresh cores."""
+    residents = [c for c in _heavy(ctx) if island and layout.placement[c] <= island]
+    prefer = _prefer_nodes(ctx, island or layout.placement[cohort[0]])
+    out: list[tuple[frozenset[int], list[str]]] = []
+    need_all = ctx.need_cpus(residents + cohort)
+    if island and need_all <= len(island):
+        out.append((island, cohort))
+    fresh = allocate(ctx.idx, ctx.free - island, ctx.need_cpus(cohort), whole_cores=True,
+                     prefer_nodes=prefer)
+    if fresh is not None:
+        out.append((fresh, cohort))
+    if island and need_all > len(island):
+        extra = allocate(ctx.idx, ctx.free - island, need_all - len(island), whole_cores=True,
+                         prefer_nodes=prefer)
+        if extra is not None:
+            out.append((island | extra, residents + cohort))
+    return out
+
+
+def _prefer_nodes(ctx: Context, cpus: frozenset[int]) -> list[int]:
+    counts: dict[int, int] = {}
+    for c in cpus:
+        counts[ctx.idx.node_of[c]] = counts.get(ctx.idx.node_of[c], 0) + 1
+    return sorted(counts, key=lambda n: (-counts[n], n))
+
+
+def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: frozenset[int],
+                    primary: str) -> Decision | None:
+    cpus = {cid: target for cid in members if layout.placement[cid] != target}
+    allocated: set[str] = set()
+    for cid in sorted(layout.placement):
+        v = ctx.views[cid]
+        here = layout.placement[cid]
+        if v.heavy or not here & target:
+            continue
+        rest = (here & ctx.free) - target
+        if not rest:
+            got = allocate(ctx.idx, ctx.free - target, ctx.need_cpus([cid]),
+                           prefer_nodes=_prefer_nodes(ctx, here))
+            if got is None:
+                return None
+            rest = got
+            allocated.add(cid)
+        cpus[cid] = rest
+    if not cpus:
+        return None
+    n = len(members)
+    reason = (f"AVX-512 island: {primary}" + (f" and {n - 1} more AVX-512-heavy" if n > 1 else "")
+              + f" to whole cores {_fmt(target)}, away from scalar work")
+    return Decision(kind="avx512_island", primary=primary, reason=reason, cpus=cpus,
+                    allocated=frozenset(allocated), island=frozenset(members))
+
+
+def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
+    out: list[Decision] = []
+    for cid in _heavy(ctx):
+        v = ctx.views[cid]
+        if not v.exclusive:
+            continue
+        siblings = ctx.idx.whole_cores(layout.placement[cid]) - layout.placement[cid]
+        cpus = {}
+        for other in sorted(layout.placement):
+            here = layout.placement[other]
+            if other != cid and not ctx.views[other].heavy and here & siblings:
+                rest = (here & ctx.free) - siblings
+                if not rest:
+                    break
+                cpus[other] = rest
+        else:
+            if cpus:
+                out.append(Decision(kind="avx512_shield", primary=cid, cpus=cpus,
+                                    reason=f"AVX-512 shield: clear scalar work off the SMT siblings "
+                                           f"{_fmt(siblings)} of exclusive AVX-512-heavy {cid}"))
+    return out[:MAX_PER_KIND]
+
+
+# -- LLC and bandwidth ----------------------------------------------------------------------------
+
+def _top(ctx: Context, ids: frozenset[str], key: str) -> list[str]:
+    movable = [c for c in ids if not ctx.views[c].exclusive]
+    return sorted(movable, key=lambda c: (-getattr(ctx.views[c], key), c))[:MAX_PER_KIND]
+
+
+def _llc(ctx: Context, layout: Layout) -> list[Decision]:
+    out: list[Decision] = []
+    model = ctx.model
+    for role, ids in (("aggressor", model.aggressors), ("victim", model.llc_victims)):
+        for cid in _top(ctx, ids, "misses"):
+            out += _relocations(ctx, layout, cid, ctx.idx.l3s, "llc_separate",
+                                f"LLC: cache {role} {cid} to L3 domain", role == "victim")
+    if ctx.rdt_class:
+        for cid in _top(ctx, model.aggressors, "misses"):
+            if layout.classes.get(cid) != ctx.rdt_class:
+                out.append(Decision(kind="llc_rdt", primary=cid, classes={cid: ctx.rdt_class},
+                                    reason=f"LLC: cache aggressor {cid} to RDT class {ctx.rdt_class}"))
+    return out
+
+
+def _bandwidth(ctx: Context, layout: Layout) -> list[Decision]:
+    hogs = frozenset(c for c, v in ctx.views.items() if v.bandwidth > 0)
+    out: list[Decision] = []
+    for cid in _top(ctx, hogs, "bandwidth"):
+        out += _relocations(ctx, layout, cid, ctx.idx.nodes, "bandwidth",
+                            f"memory bandwidth: {cid} to NUMA node", False)
+    return out
+
+
+def _relocations(ctx: Context, layout: Layout, cid: str, domains: Mapping[int, frozenset[int]],
+                 kind: str, reason: str, sensitive: bool) -> list[Decision]:
+    here = layout.placement[cid]
+    avx_island = _island(ctx, layout, _scalar_cpus(ctx, layout))
+    out = []
+    for d, cpus in domains.items():
+        if here <= cpus:
+            continue
+        got = allocate(ctx.idx, (cpus & ctx.free) - avx_island, ctx.need_cpus([cid]),
+                       prefer_nodes=_prefer_nodes(ctx, cpus), high_priority=sensitive)
+        if got is not None and got != here:
+            out.append(Decision(kind=kind, primary=cid, cpus={cid: got}, allocated=frozenset({cid}),
+                                reason=f"{reason} {d} ({_fmt(got)})"))
+    return out
+
+
+def _fmt(cpus: frozenset[int]) -> str:
+    return str(CpuSet(cpus))

@@ -1,0 +1,110 @@
+"""Judging past moves: did the victims gain what the cost model predicted? If not, roll back.
+
+PARTIES judges an action after 0.5 s and reverts it when it did not help; we do the same after
+`settle_seconds` (long enough for the EWMA to forget the pre-move windows).
+
+Realized gain, in core-seconds per second, per victim:
+* with a PMU: u_now x (1 - ips_before / ips_now), where ips = instructions per CPU-second
+  (captures both a frequency loss, e.g. an AVX-512 license, and extra stalls; IPC alone would
+  miss the frequency);
+* without one (software events only, as on a VM): the drop of the victim's modelled loss,
+  recomputed from the fresh measurements and the placement actually in force. This proxy checks
+  that the move took effect and that the conditions it was made for still hold (the aggressor
+  still runs, the victim still runs where predicted); it cannot see a model error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from perfbalance.cpuset import CpuSet
+from perfbalance.model import Action
+from rebalancer.constraints import requests_fit
+from rebalancer.context import Context
+from rebalancer.state import Pending
+
+
+def judge_pending(ctx: Context, considered: list[dict[str, Any]],
+                  ) -> tuple[list[Action], list[Pending], dict[str, float]]:
+    """(rollback actions, still-pending evaluations, container -> cooldown-until)."""
+    rollbacks: list[Action] = []
+    kept: list[Pending] = []
+    cooldown: dict[str, float] = {}
+    for p in ctx.state.pending:
+        if ctx.now < p.time + ctx.config.settle_seconds:
+            kept.append(p)
+            continue
+        problem = _not_in_force(ctx, p)
+        if problem:
+            considered.append({"kind": "evaluation", "decision": p.decision, "rejected": problem})
+            continue
+        realized, how = realized_gain(ctx, p)
+        note = {"kind": "evaluation", "decision": p.decision, "predicted": round(p.predicted, 6),
+                "realized": round(realized, 6), "method": how}
+        if realized >= ctx.config.rollback_fraction * p.predicted:
+            considered.append({**note, "rejected": "kept: the move helped"})
+            continue
+        undo = _rollback(ctx, p, realized)
+        if undo is None:
+            considered.append({**note, "rejected": "rollback blocked by a constraint"})
+            continue
+        rollbacks += undo
+        considered.append({**note, "rejected": "rolled back"})
+        for m in p.moves:
+            cooldown[m.container] = ctx.now + ctx.config.cooldown_seconds
+    return rollbacks, kept, cooldown
+
+
+def _not_in_force(ctx: Context, p: Pending) -> str:
+    by_id = ctx.snapshot.by_id()
+    for m in p.moves:
+        s = by_id.get(m.container)
+        if s is None:
+            return f"{m.container} is gone; nothing to judge"
+        now = s.container.rdt_class if m.kind == "rdt_class" else str(s.container.cpuset)
+        if now != m.to:
+            return f"{m.container} is at {now!r}, not {m.to!r} (not applied or changed since)"
+    return ""
+
+
+def realized_gain(ctx: Context, p: Pending) -> tuple[float, str]:
+    """(core-seconds per second the victims gained, "pmu" or "model")."""
+    views = ctx.views
+    victims = [v for v in p.victims if v in views]
+    if victims and all(v in p.baseline_ips and views[v].ips_per_core for v in victims):
+        gain = 0.0
+        for v in victims:
+            now = views[v].ips_per_core or 0.0
+            gain += views[v].usage * (1.0 - p.baseline_ips[v] / now)
+        return gain, "pmu"
+    gain = 0.0
+    for v in victims:
+        gain += p.baseline_loss.get(v, 0.0) - ctx.model.container_loss(ctx.base_eval, ctx.base, v)
+    return gain, "model"
+
+
+def _rollback(ctx: Context, p: Pending, realized: float) -> list[Action] | None:
+    by_id = ctx.snapshot.by_id()
+    placement: dict[str, frozenset[int]] = dict(ctx.base.placement)
+    out: list[Action] = []
+    reason = (f"rollback of {p.decision} ({p.reason}): victims gained {realized:.4f} core-s/s, "
+              f"predicted {p.predicted:.4f}")
+    for m in p.moves:
+        if m.kind == "cpuset":
+            c = by_id[m.container].container
+            cpus = CpuSet.parse(m.frm).ids
+            forbidden = ctx.snapshot.reserved.ids | ctx.snapshot.kubelet.dedicated_to_others(c.pod_uid, c.name).ids
+            if not cpus or cpus & forbidden or not cpus <= ctx.idx.online:
+                return None
+            placement[m.container] = cpus
+        out.append(Action(kind="rollback", container=m.container, frm=m.to, to=m.frm,
+                          mems=m.mems_frm if m.kind == "cpuset" else "", undoes=m.kind,
+                          reason=reason, victims=p.victims,
+                          detail={"predicted": p.predicted, "realized": realized}))
+    return out if _fits(ctx, placement, out) else None
+
+
+def _fits(ctx: Context, placement: Mapping[str, frozenset[int]], actions: list[Action]) -> bool:
+    return all(requests_fit(placement, ctx.requests, CpuSet.parse(a.to).ids)
+               for a in actions if a.undoes == "cpuset")

@@ -1,0 +1,77 @@
+"""Planner inputs: the metrics the cost model uses, smoothed, with missing signals made harmless.
+
+Each metric is an EWMA over cycles (kept in PlannerState). A metric a collector did not report
+is absent, never zero-by-accident: an absent LLC miss rate means "no LLC signal", which the cost
+model turns into "no LLC benefit", not into an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfbalance.model import ContainerSample, Snapshot
+from rebalancer.config import RebalancerConfig
+from rebalancer.state import frozen_map
+
+USED_METRICS = (
+    "cpu_usage_cores", "avx512_heavy", "avx512_active_ratio", "llc_misses_per_second",
+    "llc_mpki", "llc_occupancy_bytes", "memory_bandwidth_bytes_per_second",
+    "instructions_per_second", "ipc", "memory_bytes",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class View:
+    """One container as the cost model sees it (smoothed; units as in docs/cost-model.md)."""
+
+    id: str
+    usage: float  # CPU-seconds per second
+    request_mcpu: int
+    heavy: bool  # AVX-512-heavy
+    misses: float  # LLC misses per second (0: unknown)
+    mpki: float
+    occupancy: float | None  # LLC bytes (None: no resctrl)
+    bandwidth: float  # memory bytes per second (0: unknown)
+    memory_bytes: int
+    ips_per_core: float | None  # instructions per CPU-second (None: no PMU)
+    exclusive: bool
+    rdt_class: str
+    cpuset: frozenset[int]
+    mems: frozenset[int]
+
+
+def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float) -> dict[str, float]:
+    """Smooth every used metric present now; keep nothing for metrics that vanished."""
+    out: dict[str, float] = {}
+    for name in USED_METRICS:
+        if name not in new:
+            continue
+        x = float(new[name])
+        prev = old.get(name) if old is not None else None
+        out[name] = x if prev is None or prev == x else prev + alpha * (x - prev)
+    return out
+
+
+def smooth(snapshot: Snapshot, previous: Mapping[str, Mapping[str, float]],
+           alpha: float) -> Mapping[str, Mapping[str, float]]:
+    return frozen_map({s.id: frozen_map(ewma(previous.get(s.id), s.metrics, alpha))
+                       for s in snapshot.containers})
+
+
+def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConfig) -> View:
+    c = sample.container
+    usage = max(0.0, m.get("cpu_usage_cores", 0.0))
+    misses = max(0.0, m.get("llc_misses_per_second", 0.0))
+    bandwidth = m.get("memory_bandwidth_bytes_per_second", misses * 64.0)
+    ips = m.get("instructions_per_second")
+    return View(
+        id=c.id, usage=usage, request_mcpu=max(0, c.request_mcpu),
+        heavy=m.get("avx512_heavy", 0.0) > config.avx512_heavy_threshold,
+        misses=misses, mpki=max(0.0, m.get("llc_mpki", 0.0)),
+        occupancy=m.get("llc_occupancy_bytes"), bandwidth=max(0.0, bandwidth),
+        memory_bytes=int(max(c.memory_bytes, m.get("memory_bytes", 0.0))),
+        ips_per_core=ips / usage if ips is not None and usage > 0.01 else None,
+        exclusive=c.exclusive, rdt_class=c.rdt_class,
+        cpuset=c.cpuset.ids, mems=c.mems.ids,
+    )

@@ -1,0 +1,234 @@
+"""The planner: a pure function from a Snapshot (plus config, its own state and `now`) to a Plan.
+
+One call:
+1. smooths the inputs (EWMA kept in the state);
+2. judges earlier moves whose settle time has passed and rolls back those that did not help;
+3. greedily picks, up to `max_moves_per_cycle` times, the candidate decision with the largest
+   net benefit (benefit - amortized move cost, core-seconds per second) above `margin`, skipping
+   containers in dwell or cooldown and any decision that would break a constraint;
+4. returns the actions, the rejected candidates with the reason, and the next state.
+
+Same input, same plan: every iteration is in sorted order and nothing reads a clock or a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from perfbalance.cpuset import CpuSet
+from perfbalance.model import Action, Plan, Snapshot
+from rebalancer.config import RebalancerConfig
+from rebalancer.constraints import requests_fit, spans_needlessly
+from rebalancer.context import Context
+from rebalancer.costmodel import Evaluation, Layout, move_cost
+from rebalancer.decisions import Decision, candidates
+from rebalancer.evaluate import judge_pending
+from rebalancer.inputs import smooth
+from rebalancer.state import Moved, Pending, PlannerState, frozen_map
+
+MAX_CONSIDERED = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scored:
+    decision: Decision
+    layout: Layout
+    evaluation: Evaluation
+    benefit: float
+    costs: Mapping[str, tuple[float, float, float]]  # container -> (refill, migration, disruption)
+    cost: float  # amortized, core-s/s
+
+    @property
+    def net(self) -> float:
+        return self.benefit - self.cost
+
+
+def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | None,
+         now: float) -> Plan:
+    """Plan moves for `snapshot`. Pure and deterministic; pass `Plan.state` to the next call."""
+    state = state or PlannerState()
+    smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha)
+    ctx = Context.build(snapshot, config, state, smoothed, now)
+    considered: list[dict[str, Any]] = []
+    rollbacks, pending, touched = judge_pending(ctx, considered)
+    actions: list[Action] = list(rollbacks)
+    seq = state.seq
+    moved_now = {a.container for a in rollbacks}
+    if config.enabled:
+        for scored in _greedy(ctx, moved_now, considered):
+            seq += 1
+            actions += _actions(ctx, scored, seq)
+            pending.append(_pending(ctx, scored, seq))
+            moved_now |= set(scored.decision.cpus) | set(scored.decision.classes)
+    return Plan(time=now, actions=tuple(actions), considered=tuple(considered[:MAX_CONSIDERED]),
+                state=_next_state(ctx, smoothed, seq, pending, moved_now, touched))
+
+
+def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]]) -> list[Scored]:
+    layout = ctx.base
+    ev = ctx.base_eval
+    chosen: list[Scored] = []
+    budget = ctx.config.max_actions_per_cycle - len(moved_now)
+    while True:
+        best: Scored | None = None
+        above: list[Scored] = []
+        for d in candidates(ctx, layout):
+            why = _blocked(ctx, d, moved_now, budget)
+            if why:
+                _note(considered, d, why)
+                continue
+            s = _score(ctx, layout, ev, d)
+            if s.net <= ctx.config.margin:
+                _note(considered, d, f"net {s.net:.4f} below margin {ctx.config.margin}", s)
+                continue
+            above.append(s)
+            if best is None or s.net > best.net:
+                best = s
+        if best is None:
+            return chosen
+        if len(chosen) >= ctx.config.max_moves_per_cycle:
+            for s in above:
+                _note(considered, s.decision, f"cap: max_moves_per_cycle={ctx.config.max_moves_per_cycle}", s)
+            return chosen
+        chosen.append(best)
+        layout, ev = best.layout, best.evaluation
+        moved_now |= set(best.decision.cpus) | set(best.decision.classes)
+        budget -= len(best.decision.cpus) + len(best.decision.classes)
+
+
+def _blocked(ctx: Context, d: Decision, moved_now: set[str], budget: int) -> str:
+    for cid in sorted({**d.cpus, **d.classes}):
+        if cid in moved_now:
+            return f"{cid} already acted on this cycle"
+        why = ctx.blocked(cid)
+        if why:
+            return f"{cid}: {why}"
+    if len(d.cpus) + len(d.classes) > budget:
+        return f"cap: needs {len(d.cpus) + len(d.classes)} actions, {budget} left (max_actions_per_cycle)"
+    return _constraint(ctx, d)
+
+
+def _constraint(ctx: Context, d: Decision) -> str:
+    placement = dict(ctx.base.placement)
+    placement.update(d.cpus)
+    for cid, cpus in sorted(d.cpus.items()):
+        if not cpus or not cpus <= ctx.free:
+            return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
+        if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
+            return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
+    for cpus in sorted(set(d.cpus.values()), key=sorted):
+        if not requests_fit(placement, ctx.requests, cpus):
+            return f"constraint: CPU requests placed within {_fmt(cpus)} exceed it"
+    return ""
+
+
+def _score(ctx: Context, layout: Layout, ev: Evaluation, d: Decision) -> Scored:
+    after = layout.moved(ctx.model, d.cpus, d.classes)
+    ev2 = ctx.model.evaluate(after)
+    costs = {}
+    for cid, cpus in d.cpus.items():
+        mc = move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
+        costs[cid] = (mc.refill, mc.migration, mc.disruption)
+    for cid in d.classes:
+        occ = ctx.views[cid].occupancy or 0.0
+        costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)
+    one_time = sum(sum(c) for c in costs.values())
+    return Scored(decision=d, layout=after, evaluation=ev2, benefit=ev.total - ev2.total,
+                  costs=costs, cost=one_time / ctx.config.amortize_seconds)
+
+
+def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float]]:
+    """Containers predicted to gain, with their modelled loss before and after (core-s/s)."""
+    ev0 = ctx.base_eval
+    before, after = {}, {}
+    for cid in sorted(ctx.views):
+        b = ctx.model.container_loss(ev0, ctx.base, cid)
+        a = ctx.model.container_loss(s.evaluation, s.layout, cid)
+        if b - a > 1e-6:
+            before[cid], after[cid] = b, a
+    return before, after
+
+
+def _actions(ctx: Context, s: Scored, seq: int) -> list[Action]:
+    d = s.decision
+    before, _ = _victims(ctx, s)
+    parts = ctx.base_eval.parts
+    detail_common = {"decision": float(seq), "decision_benefit": s.benefit,
+                     "decision_cost": s.cost, "decision_net": s.net,
+                     **{f"saved_{k}": parts[k] - s.evaluation.parts[k] for k in sorted(parts)}}
+    out: list[Action] = []
+    for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
+        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, tuple(sorted(before))))
+    for cid, cls in sorted(d.classes.items()):
+        out.append(Action(kind="rdt_class", container=cid, frm=ctx.base.classes[cid], to=cls,
+                          reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
+                          cost=sum(s.costs[cid]) / ctx.config.amortize_seconds,
+                          victims=tuple(sorted(before)), detail=detail_common))
+    return out
+
+
+def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[str, float],
+                   victims: tuple[str, ...]) -> Action:
+    d = s.decision
+    refill, migration, disruption = s.costs[cid]
+    primary = cid == d.primary
+    reason = d.reason if primary or cid in d.island else f"{d.reason} (decision {seq}: {cid} makes room)"
+    detail = {**common, "refill_seconds": refill, "migration_seconds": migration,
+              "disruption_seconds": disruption}
+    if cid in d.island:
+        detail["avx512_island"] = 1.0
+    if cid in d.allocated:
+        detail["allocated"] = 1.0
+    cpus = d.cpus[cid]
+    return Action(kind="cpuset", container=cid, frm=_fmt(ctx.base.placement[cid]), to=_fmt(cpus),
+                  mems=_fmt(ctx.idx.nodes_of(cpus)), reason=reason,
+                  benefit=s.benefit if primary else 0.0,
+                  cost=(refill + migration + disruption) / ctx.config.amortize_seconds,
+                  victims=victims if primary else (), detail=detail)
+
+
+def _pending(ctx: Context, s: Scored, seq: int) -> Pending:
+    d = s.decision
+    before, after = _victims(ctx, s)
+    moves = [Moved(container=cid, frm=_fmt(ctx.base.placement[cid]), to=_fmt(cpus),
+                   mems_frm=_fmt(ctx.views[cid].mems or ctx.idx.nodes_of(ctx.base.placement[cid])),
+                   mems_to=_fmt(ctx.idx.nodes_of(cpus)))
+             for cid, cpus in sorted(d.cpus.items())]
+    moves += [Moved(container=cid, frm=ctx.base.classes[cid], to=cls, kind="rdt_class")
+              for cid, cls in sorted(d.classes.items())]
+    ips = {v: ctx.views[v].ips_per_core for v in before}
+    return Pending(decision=f"d{seq}", time=ctx.now, reason=d.reason, moves=tuple(moves),
+                   victims=tuple(sorted(before)),
+                   predicted=sum(before[v] - after[v] for v in before),
+                   baseline_ips=frozen_map({v: x for v, x in ips.items() if x is not None}),
+                   baseline_loss=frozen_map(before))
+
+
+def _next_state(ctx: Context, smoothed: Mapping[str, Mapping[str, float]], seq: int,
+                pending: list[Pending], moved_now: set[str], touched: Mapping[str, float]) -> PlannerState:
+    cfg, now, present = ctx.config, ctx.now, set(ctx.views)
+    moved_at = {c: t for c, t in ctx.state.moved_at.items()
+                if c in present and now - t < cfg.dwell_seconds}
+    moved_at.update({c: now for c in moved_now})
+    cooldown = {c: t for c, t in ctx.state.cooldown_until.items() if c in present and t > now}
+    cooldown.update(touched)
+    return PlannerState(time=now, seq=seq, smoothed=smoothed, moved_at=frozen_map(moved_at),
+                        cooldown_until=frozen_map(cooldown), pending=tuple(pending))
+
+
+def _note(considered: list[dict[str, Any]], d: Decision, why: str, s: Scored | None = None) -> None:
+    if len(considered) >= MAX_CONSIDERED:
+        return
+    entry: dict[str, Any] = {"kind": d.kind, "container": d.primary, "reason": d.reason,
+                             "rejected": why}
+    if d.cpus.get(d.primary) is not None:
+        entry["to"] = _fmt(d.cpus[d.primary])
+    if s is not None:
+        entry.update(benefit=round(s.benefit, 6), cost=round(s.cost, 6), net=round(s.net, 6))
+    considered.append(entry)
+
+
+def _fmt(cpus: frozenset[int]) -> str:
+    return str(CpuSet(cpus))

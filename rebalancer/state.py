@@ -1,0 +1,57 @@
+"""The planner's own memory between cycles: smoothed inputs, move times, pending evaluations.
+
+The planner is a pure function; whatever it must remember is returned in `Plan.state` and passed
+back on the next call. Everything is frozen (tuples of pairs instead of dicts where the value is
+kept as-is) so that a state can be compared, hashed into a test and never mutated by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def frozen_map(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(sorted(d.items())))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Moved:
+    """One container's part of a decision: where it was and where it went."""
+
+    container: str
+    frm: str  # cpuset list (or RDT class for kind "rdt_class")
+    to: str
+    mems_frm: str = ""
+    mems_to: str = ""
+    kind: str = "cpuset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """A decision waiting to be judged once `settle_seconds` have passed."""
+
+    decision: str  # e.g. "d17"
+    time: float
+    reason: str
+    moves: tuple[Moved, ...]
+    victims: tuple[str, ...]
+    predicted: float  # core-seconds per second the victims should gain
+    # victim -> instructions per CPU-second before the move (when the PMU reports it)
+    baseline_ips: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    # victim -> modelled loss (core-s/s) before the move, from the measurements at that time
+    baseline_loss: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerState:
+    time: float = 0.0
+    seq: int = 0  # decisions made so far (for decision ids)
+    smoothed: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: EMPTY)
+    moved_at: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    cooldown_until: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    pending: tuple[Pending, ...] = ()

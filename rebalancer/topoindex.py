@@ -1,0 +1,68 @@
+"""A precomputed index of a Topology for the planner's hot loops.
+
+`Topology` answers questions by scanning its CPU tuple; the planner asks the same questions
+thousands of times per cycle, so it builds this index once per call (plain dicts of frozensets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfbalance.topology import Topology
+
+CoreKey = tuple[int, int, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopoIndex:
+    online: frozenset[int]
+    core_of: dict[int, CoreKey]
+    cores: dict[CoreKey, frozenset[int]]
+    node_of: dict[int, int]
+    nodes: dict[int, frozenset[int]]
+    l3_of: dict[int, int]
+    l3s: dict[int, frozenset[int]]
+    dies: dict[tuple[int, int], frozenset[int]]
+    high_priority: frozenset[int]
+    l3_size: int
+    cpu_model: str
+
+    @classmethod
+    def build(cls, topology: Topology) -> TopoIndex:
+        def group(pairs: dict[int, object]) -> dict:  # type: ignore[type-arg]
+            out: dict[object, set[int]] = {}
+            for cpu, key in pairs.items():
+                out.setdefault(key, set()).add(cpu)
+            return {k: frozenset(v) for k, v in sorted(out.items())}  # type: ignore[type-var]
+
+        core_of = {c.id: c.core_key for c in topology.cpus}
+        node_of = {c.id: c.node for c in topology.cpus}
+        l3_of = {c.id: c.l3 for c in topology.cpus}
+        die_of = {c.id: (c.package, c.die) for c in topology.cpus}
+        return cls(
+            online=frozenset(core_of), core_of=core_of, cores=group(core_of),  # type: ignore[arg-type]
+            node_of=node_of, nodes=group(node_of), l3_of=l3_of, l3s=group(l3_of),  # type: ignore[arg-type]
+            dies=group(die_of), high_priority=frozenset(topology.high_priority().ids),  # type: ignore[arg-type]
+            l3_size=topology.l3_size_bytes, cpu_model=topology.cpu_model,
+        )
+
+    def whole_cores(self, cpus: frozenset[int]) -> frozenset[int]:
+        """Cores touched by `cpus`, with all their SMT siblings."""
+        out: set[int] = set()
+        for cpu in cpus:
+            out |= self.cores[self.core_of[cpu]]
+        return frozenset(out)
+
+    def full_cores_within(self, cpus: frozenset[int]) -> frozenset[int]:
+        """The CPUs of cores that lie entirely inside `cpus`."""
+        out: set[int] = set()
+        for key in {self.core_of[c] for c in cpus if c in self.core_of}:
+            if self.cores[key] <= cpus:
+                out |= self.cores[key]
+        return frozenset(out)
+
+    def nodes_of(self, cpus: frozenset[int]) -> frozenset[int]:
+        return frozenset(self.node_of[c] for c in cpus if c in self.node_of)
+
+    def threads_per_core(self) -> int:
+        return max((len(s) for s in self.cores.values()), default=1)
