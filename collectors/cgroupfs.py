@@ -360,7 +360,7 @@ class Cgroupfs:
         """
         path = os.path.join(self.dir(rel, controller), check_name(name))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # O_TRUNC: as `echo >`
         except OSError as e:
             if _is_gone(e):
                 raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None

@@ -52,6 +52,7 @@ _CPUSET_HINTS = {
     _errno.EBUSY: "a child cgroup uses CPUs outside the new set (shrink children first)",
     _errno.ENOSPC: "the set is empty for a cgroup that has tasks",
     _errno.EINVAL: "the kernel rejected the value (offline or nonexistent CPUs/nodes?)",
+    _errno.ERANGE: "a CPU or node id beyond what this kernel has (nr_cpu_ids)",
 }
 
 
@@ -69,8 +70,8 @@ class CpusetError(PerfbalanceError):
 
     @property
     def permanent(self) -> bool:
-        """EINVAL will not go away by retrying the same value; the others may."""
-        return self.errno == _errno.EINVAL
+        """EINVAL/ERANGE will not go away by retrying the same value; the others may."""
+        return self.errno in (_errno.EINVAL, _errno.ERANGE)
 
 
 class ResctrlError(PerfbalanceError):
