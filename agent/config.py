@@ -55,10 +55,21 @@ class HostSection:
     headers_search: tuple[str, ...] = setting(factory=lambda: ("/usr/src",), doc="Where packaged kernel headers may be found.")
 
 
+def _globs(value: Any) -> str | None:
+    from agent.discovery import check_glob  # lazy: discovery is not needed to parse a config
+
+    for g in value:
+        try:
+            check_glob(g)
+        except ParseError as e:
+            return f"bad glob {g!r} ({e.reason})"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DiscoverySection:
     kubernetes: bool = setting(True, "Find Kubernetes containers under kubepods (systemd and cgroupfs drivers, containerd and CRI-O).")
-    globs: tuple[str, ...] = setting(factory=tuple, doc="Extra cgroup path globs (relative to the cgroup root) treated as containers, e.g. 'perfbalance-demo/*'.")
+    globs: tuple[str, ...] = setting(factory=tuple, doc="Extra cgroup path globs (relative to the cgroup root) treated as containers, e.g. 'perfbalance-demo/*'.", check=_globs)
 
 
 @dataclass(frozen=True, kw_only=True)
