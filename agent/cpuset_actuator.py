@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from collectors.cgroupfs import GONE_ERRNOS, Cgroupfs, check_rel
 from perfbalance.cpuset import CpuSet
-from perfbalance.errors import ContainerGone, CpusetError, ParseError, PerfbalanceError
+from perfbalance.errors import ContainerGone, CpusetError, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import Container, KubeletState
 from perfbalance.topology import Topology
 
@@ -253,7 +253,10 @@ class CpusetActuator:
                 raise
             return None  # an exec child that ended meanwhile
         if cpus_t is None or mems_t is None:
-            return None if not top else _Node(rel=rel, cpus=CpuSet(), mems=CpuSet())
+            if top:
+                raise FeatureUnavailable("cpuset controller", f"no cpuset files for {rel} (on v2: "
+                                         "is cpuset in the parent's cgroup.subtree_control?)")
+            return None
         if self.v2 and not top and not cpus_t.strip():
             return None  # v2 child inheriting its parent's set: follows without a write
         where = self.cgfs.dir(rel, "cpuset")

@@ -229,6 +229,9 @@ class Cgroupfs:
         try:
             return _read_text(path, limit)
         except OSError as e:
+            if e.errno == errno.ENOENT and os.path.isdir(os.path.dirname(path)):
+                raise CgroupfsError("read", path, e.errno, "no such control file here "
+                                    "(controller not enabled for this cgroup?)") from None
             if _is_gone(e):
                 raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
             raise CgroupfsError("read", path, e.errno or 0, e.strerror or "") from None
@@ -353,7 +356,7 @@ class Cgroupfs:
 
     # -- writing --------------------------------------------------------------------------
     def write(self, rel: str, controller: str | None, name: str, value: str) -> None:
-        """Write one control file in one write(2). ENOENT/ESRCH -> ContainerGone; else OSError.
+        """Write one control file in one write(2). Cgroup gone -> ContainerGone; else OSError.
 
         Other errnos are left to the caller, which knows what they mean (the cpuset actuator turns
         them into CpusetError).
@@ -362,6 +365,8 @@ class Cgroupfs:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # O_TRUNC: as `echo >`
         except OSError as e:
+            if e.errno == errno.ENOENT and os.path.isdir(os.path.dirname(path)):
+                raise  # the cgroup is there, the control file is not: not "gone"
             if _is_gone(e):
                 raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
             raise

@@ -192,3 +192,12 @@ def test_reassert_lets_go_when_cpus_became_dedicated(tmp_path: Path) -> None:
               kubelet=KubeletState(policy="static", exclusive={(UID, "db"): CpuSet([2])}))
     out = a.reassert(drift)[0]
     assert not out.ok and "dedicated" in out.error and a.applied() == {}
+
+
+def test_v2_cgroup_without_cpuset_files_is_feature_unavailable(tmp_path: Path) -> None:
+    from perfbalance.errors import FeatureUnavailable
+    root = fakecg.v2(tmp_path, controllers="cpu memory")
+    fakecg.mkcg(root, "demo/c", {"": {"cgroup.procs": ""}})
+    a = actuator(Cgroupfs(root=str(root)))
+    with pytest.raises(FeatureUnavailable, match="subtree_control"):
+        a.apply(container(), CpuSet.parse("1"))

@@ -198,3 +198,15 @@ def test_attach_exited_pid_is_container_gone(real, cgfs: Cgroupfs) -> None:  # t
     p.wait()
     with pytest.raises(ContainerGone):
         cgfs.attach(rel, p.pid)
+
+
+def test_missing_control_file_in_existing_cgroup_is_not_gone(tmp_path: Path) -> None:
+    root = fakecg.v2(tmp_path)
+    fakecg.mkcg(root, "c", {"": {"cgroup.procs": ""}})
+    c = Cgroupfs(root=str(root))
+    with pytest.raises(cg.CgroupfsError, match="controller not enabled"):
+        c.read("c", None, "cpu.pressure")
+    with pytest.raises(FileNotFoundError):
+        c.write("c", "cpuset", "cpuset.cpus", "0")
+    with pytest.raises(ContainerGone):
+        c.write("gone", "cpuset", "cpuset.cpus", "0")

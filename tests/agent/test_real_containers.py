@@ -18,7 +18,7 @@ from agent import discovery, kubelet
 from agent.cpuset_actuator import CpusetActuator, CpusetRefused
 from agent.sysfs import read_topology
 from collectors.cgroupfs import Cgroupfs
-from conftest import RealCgroups, cpus_allowed
+from realcg import RealCgroups, cpus_allowed
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, CpusetError
 from perfbalance.model import Container, KubeletState
