@@ -1,0 +1,70 @@
+"""The actuator for the planner's "rdt_class" actions, and the per-cycle class sweep.
+
+`apply_class` records the planner's choice (it outranks the annotation/QoS default until the
+container leaves or `clear_override` is called) and moves every thread now. `sweep` runs every
+cycle for every container: it re-applies the effective class so threads created since the last
+cycle (the fork race, see manager.py) are caught, and garbage-collects what departed containers
+left behind. Kernel refusals come out as ResctrlError carrying info/last_cmd_status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from perfbalance.errors import ContainerGone, ResctrlError
+from perfbalance.model import Container
+from resctrl.manager import MoveResult, ResctrlManager
+
+TidsOf = Callable[[Container], Sequence[int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    moves: tuple[MoveResult, ...] = ()
+    errors: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # annotation problems, degraded classes (one line each)
+
+
+class ResctrlActuator:
+    def __init__(self, *, manager: ResctrlManager) -> None:
+        self.manager = manager
+        self.overrides: dict[str, str | None] = {}
+
+    def effective_class(self, container: Container) -> tuple[str | None, str]:
+        if container.id in self.overrides:
+            return self.overrides[container.id], "planner"
+        return self.manager.resolution.class_for(container)
+
+    def apply_class(self, container: Container, class_name: str | None, tids: Iterable[int]) -> MoveResult:
+        """Move the container's threads to `class_name` (None: the root group). Raises ResctrlError."""
+        if class_name is not None and class_name not in self.manager.resolution.classes:
+            raise ResctrlError(f"assign {container.id} to class", class_name, 22, "class is not configured")
+        self.overrides[container.id] = class_name
+        return self.manager.assign(container.id, class_name, tids)
+
+    def clear_override(self, container_id: str) -> None:
+        self.overrides.pop(container_id, None)
+
+    def sweep(self, containers: Sequence[Container], tids_of: TidsOf) -> SweepReport:
+        moves, errors, notes = [], [], []
+        for c in containers:
+            cls, why = self.effective_class(c)
+            if "annotation" in why and ";" in why:
+                notes.append(f"{c.id}: {why}")
+            try:
+                result = self.manager.assign(c.id, cls, tids_of(c))
+            except ContainerGone:
+                continue
+            except ResctrlError as e:
+                errors.append(f"{c.id}: {e}")
+                continue
+            if result.degraded:
+                notes.append(f"{c.id}: class {cls}: {result.degraded}")
+            moves.append(result)
+        alive = {c.id for c in containers}
+        for cid in [k for k in self.overrides if k not in alive]:
+            del self.overrides[cid]
+        removed, _ = self.manager.gc(alive)
+        return SweepReport(moves=tuple(moves), errors=tuple(errors), removed=tuple(removed), notes=tuple(notes))
