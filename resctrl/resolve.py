@@ -267,9 +267,8 @@ def _place(ctx: _Ctx, amount: CacheAmount, cache: CacheInfo, d: int, within: int
         hi = math.ceil(amount.hi / 100 * width - 1e-9)
         return mask_range(base + lo, max(0, hi - lo))
     mask = int(amount.lo) if amount.kind == "mask" else mask_range(int(amount.lo), int(amount.hi - amount.lo) + 1)
-    if mask & ~within:
-        raise ctx.error(path, raw, f"mask {mask:x} reaches outside {'its partition' if within != cache.cbm_mask else 'the cache'} "
-                                   f"({within:x}) on {cache.name} cache id {d}")
+    if mask & ~within and within != cache.cbm_mask:  # outside the cache itself: the kernel's "Mask out of range"
+        raise ctx.error(path, raw, f"mask {mask:x} reaches outside its partition ({within:x}) on {cache.name} cache id {d}")
     return mask
 
 
