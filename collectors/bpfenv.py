@@ -497,24 +497,43 @@ class KeyMap:
     must exist for the key to be alive (the cgroup directory, or /proc/<pid>).
     """
 
-    def __init__(self, cgroupfs: Any, *, pid_keys: bool, procfs: str = "/proc", max_depth: int = 4) -> None:
+    def __init__(self, cgroupfs: Any, *, pid_keys: bool, procfs: str = "/proc", max_depth: int = 4,
+                 refresh_cycles: int = 10) -> None:
         self.cgroupfs, self.pid_keys, self.procfs, self.max_depth = cgroupfs, pid_keys, procfs, max_depth
+        self.refresh_cycles = max(1, refresh_cycles)
+        self._cycle = 0
+        self._cache: dict[str, tuple[int, list[tuple[int, str]]]] = {}  # rel -> (expiry cycle, keys)
 
     def build(self, containers: Sequence[Any], map_keys: Iterable[int] = ()) -> dict[int, tuple[str, str]]:
+        self._cycle += 1
         out: dict[int, tuple[str, str]] = {}
         for c in containers:
             try:
-                keys = self._pids(c.cgroup) if self.pid_keys else self._ids(c.cgroup)
+                keys = self._pids(c.cgroup) if self.pid_keys else self._cached_ids(c.cgroup)
             except (OSError, PerfbalanceError):
                 continue  # vanished between discovery and now: normal churn
             for k, path in keys:
                 out.setdefault(k, (c.id, path))
+        live = {c.cgroup for c in containers}
+        for rel in [r for r in self._cache if r not in live]:
+            del self._cache[rel]
         if self.pid_keys:
             by_cgroup = {c.cgroup.strip("/"): c.id for c in containers}
             for k in map_keys:
                 if k not in out and (cid := container_of_pid(self.procfs, k, by_cgroup)):
                     out[k] = (cid, os.path.join(self.procfs, str(k)))
         return out
+
+    def _cached_ids(self, rel: str) -> list[tuple[int, str]]:
+        """Cgroup ids change only when a cgroup is re-created; re-walk each container every
+        `refresh_cycles` cycles, staggered so that the cost spreads over cycles."""
+        hit = self._cache.get(rel)
+        if hit is not None and hit[0] > self._cycle:
+            return hit[1]
+        keys = self._ids(rel)
+        stagger = 0 if hit is not None else hash(rel) % self.refresh_cycles
+        self._cache[rel] = (self._cycle + self.refresh_cycles - stagger, keys)
+        return keys
 
     def _ids(self, rel: str) -> list[tuple[int, str]]:
         top = self.cgroupfs.dir(rel, None)

@@ -1,0 +1,217 @@
+"""`perfbalance bench collect`: what collection costs, measured on this node with real cgroups.
+
+The design promise is a cost independent of the number of containers (cadvisor needed 8.65 s per
+scrape at 60 containers). This measures, with the real collectors:
+- bpf_ns_per_event: average run time of each BPF program per event (BPF_ENABLE_STATS, else the
+  kernel.bpf_stats_enabled sysctl; fdinfo run_time_ns / run_cnt),
+- cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
+  collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
+- perf_fds: perf event fds opened by the PMU collector, at each container count,
+- rss_bytes: resident memory of this process after the run.
+Results go to docs/benchmarks.md. Needs root (cgroups, BPF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from collectors import bpfenv, perf
+from collectors.avx512 import Avx512Collector
+from collectors.cgroupfs import Cgroupfs
+from collectors.cgroupstats import CgroupStatsCollector
+from collectors.config import Avx512Config, PerfConfig
+from perfbalance.host import HostPaths
+from perfbalance.model import Container
+
+SIZES = (10, 100, 1000)
+QUICK_SIZES = (10, 100)
+PREFIX = "pbbench-collect"
+PROGRAM_FUNCS = {"avx512": b"tracepoint__x86_fpu__x86_fpu_regs_deactivated",
+                 "pmu": b"tracepoint__sched__sched_switch"}
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print("perfbalance bench collect: needs root (real cgroups and BPF)")
+        return 2
+    run_dir = tempfile.mkdtemp(prefix="pb-bench-")
+    try:
+        result = measure(HostPaths(run_dir=run_dir), QUICK_SIZES if args.quick else SIZES)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
+    return 0
+
+
+def measure(host: HostPaths, sizes: Sequence[int]) -> dict[str, Any]:
+    fs = Cgroupfs(root=host.cgroup)
+    collectors = start_collectors(host, fs)
+    out: dict[str, Any] = {"collectors": {c.name: {"up": c.status().up, "reason": c.status().reason}
+                                          for c in collectors},
+                           "cycle_cpu_seconds": {}, "cycle_cpu_seconds_by_collector": {},
+                           "perf_fds_by_containers": {}}
+    try:
+        out["bpf_ns_per_event"], out["bpf_events"] = bpf_costs(host, collectors)
+        for n in sizes:
+            with sleeping_cgroups(fs, n) as containers:
+                total, by = cycle_cost(collectors, containers)
+            out["cycle_cpu_seconds"][str(n)] = total
+            out["cycle_cpu_seconds_by_collector"][str(n)] = by
+            out["perf_fds_by_containers"][str(n)] = perf_fds(collectors)
+        out["perf_fds"] = perf_fds(collectors)
+        out["rss_bytes"] = rss_bytes(host.procfs)
+    finally:
+        for c in collectors:
+            c.close()
+    return out
+
+
+def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
+    cols: list[Any] = [
+        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
+        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
+        CgroupStatsCollector(cgroupfs=fs),
+    ]
+    for c in cols:
+        c.start()
+    return cols
+
+
+def perf_fds(collectors: Sequence[Any]) -> int:
+    return sum(int(getattr(c, "perf_fds", 0)) for c in collectors)
+
+
+def rss_bytes(procfs: str) -> int:
+    with open(os.path.join(procfs, "self", "statm")) as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# --- BPF cost per event -------------------------------------------------------------------------
+
+
+def bpf_costs(host: HostPaths, collectors: Sequence[Any], seconds: float = 3.0) -> tuple[dict[str, float], dict[str, int]]:
+    """ns per event of each loaded program over `seconds` of a busy shell (switches and FPU saves)."""
+    progs = loaded_programs(collectors)
+    with stats_enabled(host.procfs):
+        before = {n: bpfenv.prog_stats(host.procfs, fd) for n, fd in progs.items()}
+        load = subprocess.Popen(["timeout", "-s", "KILL", str(seconds), "sh", "-c",
+                                 "while :; do :; done & while :; do sleep 0.001; done"],
+                                start_new_session=True)
+        load.wait()
+        if _alive_group(load.pid):
+            os.killpg(load.pid, signal.SIGKILL)
+        after = {n: bpfenv.prog_stats(host.procfs, fd) for n, fd in progs.items()}
+    ns = {}
+    events = {}
+    for n in progs:
+        t = after[n][0] - before[n][0]
+        cnt = after[n][1] - before[n][1]
+        events[n] = cnt
+        if cnt > 0:
+            ns[n] = round(t / cnt, 1)
+    return ns, events
+
+
+def _alive_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def loaded_programs(collectors: Sequence[Any]) -> dict[str, int]:
+    out = {}
+    for c in collectors:
+        inner = getattr(c, "inner", c)
+        b = getattr(inner, "_bpf", None)
+        if b is None:
+            continue
+        for name, func in PROGRAM_FUNCS.items():
+            if func in b.funcs:
+                out[name] = b.funcs[func].fd
+    return out
+
+
+@contextmanager
+def stats_enabled(procfs: str) -> Iterator[None]:
+    """BPF_ENABLE_STATS while inside (an fd; the kernel counts while any such fd is open)."""
+    fd = bpfenv.bpf_stats_enable(procfs)
+    sysctl = os.path.join(procfs, "sys/kernel/bpf_stats_enabled")
+    old = None
+    if fd < 0:
+        with open(sysctl) as f:
+            old = f.read().strip()
+        with open(sysctl, "w") as f:
+            f.write("1")
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        elif old is not None:
+            with open(sysctl, "w") as f:
+                f.write(old)
+
+
+# --- one collection cycle with N real cgroups ---------------------------------------------------
+
+
+def cycle_cost(collectors: Sequence[Any], containers: Sequence[Container], cycles: int = 3) -> tuple[float, dict[str, float]]:
+    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state)."""
+    up = [c for c in collectors if c.status().up]
+    for c in up:
+        c.collect(containers, time.time())
+    samples: list[float] = []
+    by: dict[str, list[float]] = {c.name: [] for c in up}
+    for _ in range(cycles):
+        total = 0.0
+        for c in up:
+            t0 = time.thread_time()
+            c.collect(containers, time.time())
+            dt = time.thread_time() - t0
+            by[c.name].append(dt)
+            total += dt
+        samples.append(total)
+    return _median(samples), {k: round(_median(v), 6) for k, v in by.items()}
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return round(s[len(s) // 2], 6) if s else 0.0
+
+
+@contextmanager
+def sleeping_cgroups(fs: Cgroupfs, n: int) -> Iterator[list[Container]]:
+    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup)."""
+    parent = f"{PREFIX}-{os.getpid()}-{n}"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        fs.create(parent, ("cpuset", "cpu", "cpuacct", "memory"))
+        containers = []
+        for i in range(n):
+            rel = f"{parent}/c{i}"
+            fs.create(rel, ("cpuset", "cpu", "cpuacct", "memory"))
+            procs.append(subprocess.Popen(["sleep", "3600"], preexec_fn=_attach(fs, rel)))
+            containers.append(Container(id=f"c{i}", name=f"c{i}", cgroup=rel))
+        yield containers
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        fs.remove(parent)
+
+
+def _attach(fs: Cgroupfs, rel: str) -> Any:
+    return lambda: fs.attach(rel, os.getpid())
