@@ -35,7 +35,7 @@ class RebalancerConfig:
     dwell_seconds: float = setting(60.0, "Minimum time a container stays where it was put before it may move again.", min=0.0)
     cooldown_seconds: float = setting(300.0, "After a rollback, the containers involved are left alone this long.", min=0.0)
     max_moves_per_cycle: int = setting(2, "Cap on move decisions per cycle (one decision may move several containers, e.g. an AVX-512 island and the containers it evicts).", min=0)
-    max_actions_per_cycle: int = setting(256, "Cap on container actions per cycle; a decision needing more is skipped.", min=1)
+    max_actions_per_cycle: int = setting(1024, "Cap on container actions per cycle; a decision needing more is skipped.", min=1)
     smoothing_alpha: float = setting(0.5, "Weight of the newest window in the EWMA of every planner input.", min=0.01, max=1.0)
     amortize_seconds: float = setting(60.0, "One-time move costs (core-seconds) are spread over this many seconds to compare with benefits (core-seconds per second).", min=1.0)
     # AVX-512
@@ -46,6 +46,7 @@ class RebalancerConfig:
     # LLC
     llc_alpha: float = setting(0.5, "Exponent of the miss-rate curve M(C) = M0 (C/C0)^-alpha (the sqrt-2 rule).", min=0.0, max=2.0)
     llc_aggressor_misses_per_second: float = setting(5e6, "Smoothed LLC misses per second above which a container is a cache aggressor.", min=0.0)
+    llc_aggressor_mpki: float = setting(10.0, "... and smoothed LLC MPKI above this (streaming code misses whatever its cache share).", min=0.0)
     llc_aggressor_occupancy_fraction: float = setting(0.25, "... and (when resctrl reports it) LLC occupancy above this fraction of an L3 domain.", min=0.0, max=1.0)
     llc_victim_mpki: float = setting(1.0, "Smoothed LLC MPKI above which a non-aggressor is cache-sensitive.", min=0.0)
     llc_max_gain: float = setting(16.0, "Cap on the predicted cache-share ratio after a move (working sets are unknown).", min=1.0)

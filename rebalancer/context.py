@@ -30,6 +30,7 @@ class Context:
     base_eval: Evaluation
     state: PlannerState
     rdt_class: str  # the aggressor class, "" when RDT actions are off
+    unmovable: Mapping[str, str]  # container -> why it may not move now
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -42,7 +43,8 @@ class Context:
         placement = {cid: (v.cpuset & idx.online) or idx.online for cid, v in views.items()}
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
-        return cls(snapshot=snapshot, config=config, now=now, idx=idx, views=views,
+        unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
+        return cls(unmovable=unmovable, snapshot=snapshot, config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
 
@@ -56,15 +58,16 @@ class Context:
         """Whole CPUs for several containers: milli-CPU summed, rounded up once."""
         return max(1, mcpu.to_cpus(mcpu.total(self.need_mcpu(c) for c in ids)))
 
-    def blocked(self, cid: str) -> str:
-        """Why `cid` may not move now ("" when it may)."""
-        v = self.views[cid]
-        if v.exclusive:
-            return "exclusive"
-        until = self.state.cooldown_until.get(cid)
-        if until is not None and self.now < until:
-            return f"cooldown for {math.ceil(until - self.now)} s after a rollback"
-        moved = self.state.moved_at.get(cid)
-        if moved is not None and self.now - moved < self.config.dwell_seconds:
-            return f"dwell: moved {self.now - moved:.0f} s ago (< {self.config.dwell_seconds:.0f} s)"
-        return ""
+
+
+def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:
+    """Why a container may not move now ("" when it may)."""
+    if v.exclusive:
+        return "exclusive (kubelet-dedicated CPUs)"
+    until = state.cooldown_until.get(v.id)
+    if until is not None and now < until:
+        return f"cooldown for {math.ceil(until - now)} s after a rollback"
+    moved = state.moved_at.get(v.id)
+    if moved is not None and now - moved < config.dwell_seconds:
+        return f"dwell: moved {now - moved:.0f} s ago (< {config.dwell_seconds:.0f} s)"
+    return ""

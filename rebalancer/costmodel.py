@@ -46,6 +46,7 @@ class Group:
     m: float = 0.0  # LLC misses/s of members in the default RDT class
     mr: float = 0.0  # ... in the aggressor class
     b: float = 0.0  # memory bandwidth
+    req: int = 0  # CPU requests, milli-CPU
 
 
 @dataclass(slots=True)
@@ -105,10 +106,11 @@ class CostModel:
         self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
         self._k0: dict[str, float] = {}
         self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
+        self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], Group] = {}
 
     # -- roles -------------------------------------------------------------------------------
     def _is_aggressor(self, v: View) -> bool:
-        if v.misses < self.cfg.llc_aggressor_misses_per_second:
+        if v.misses < self.cfg.llc_aggressor_misses_per_second or v.mpki < self.cfg.llc_aggressor_mpki:
             return False
         if v.occupancy is None or self.idx.l3_size <= 0:
             return True
@@ -124,7 +126,17 @@ class CostModel:
 
     def build_group(self, ids: Iterable[str], classes: Mapping[str, str]) -> Group:
         """Sum the members' inputs in sorted order (so equal layouts score bit-identically)."""
-        g = Group(members=sorted(ids))
+        members = tuple(sorted(ids))
+        restricted = tuple(c for c in members if classes.get(c) == self.aggressor_class) \
+            if self.aggressor_class else ()
+        key = (members, restricted)
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._groups[key] = self._sum_group(members, classes)
+        return hit
+
+    def _sum_group(self, members: tuple[str, ...], classes: Mapping[str, str]) -> Group:
+        g = Group(members=list(members))
         for cid in g.members:
             v = self.views[cid]
             restricted = bool(self.aggressor_class) and classes.get(cid) == self.aggressor_class
@@ -133,6 +145,7 @@ class CostModel:
             g.mr += v.misses if restricted else 0.0
             g.m += 0.0 if restricted else v.misses
             g.b += v.bandwidth
+            g.req += v.request_mcpu
         return g
 
     def set_baseline(self, layout: Layout) -> None:
@@ -237,7 +250,12 @@ class CostModel:
                 for k in keys}
 
     def _cache_shares(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
-        """K(group): cache a member gets per miss/s of insertion rate, summed over its L3s."""
+        """Q(group) = sum_d f_d (x_d)^-a: the miss multiplier of a member, up to a constant.
+
+        x_d is the share of L3 domain d a member holds there: LRU shares a domain in proportion
+        to insertion (miss) rates, and a member's threads in d see only what it holds in d (its
+        data is replicated per domain), so misses add up per domain, weighted by where it runs.
+        """
         tu: dict[int, float] = {}
         tr: dict[int, float] = {}
         for k in keys:
@@ -249,27 +267,30 @@ class CostModel:
                 tr[d] = tr.get(d, 0.0) + g.mr * f
         phi = self.cfg.rdt_aggressor_fraction
         avail = {d: 1.0 - min(phi, tr[d] / (tu[d] + tr[d])) if tu[d] + tr[d] > 0 else 1.0 for d in tu}
+        a = self.cfg.llc_alpha
         out: dict[frozenset[int], float] = {}
         for k in keys:
             g = layout.groups[k]
             if g.m > 0:
-                out[k] = sum(f * avail[d] / tu[d] for d, f in self.frac("l3", k).items() if tu.get(d, 0) > 0)
+                out[k] = sum(f * (avail[d] * f / tu[d]) ** -a
+                             for d, f in self.frac("l3", k).items() if tu.get(d, 0) > 0)
         return out
 
     def _llc_stalls(self, layout: Layout, keys: list[frozenset[int]]) -> dict[str, float]:
         shares = self._cache_shares(layout, keys)
         cfg = self.cfg
         per_miss = cfg.memory_latency_seconds / cfg.memory_parallelism
+        hi = cfg.llc_max_gain ** cfg.llc_alpha
         out: dict[str, float] = {}
         for k in keys:
             for cid in layout.groups[k].members:
                 if cid not in self.llc_victims:
                     continue
                 v = self.views[cid]
-                k0 = self._k0.get(cid, 0.0)
-                ratio = shares.get(k, 0.0) / k0 if k0 > 0 else 1.0
-                ratio = min(cfg.llc_max_gain, max(1.0 / cfg.llc_max_gain, ratio))
-                out[cid] = min(v.usage, v.misses * ratio ** -cfg.llc_alpha * per_miss)
+                q0 = self._k0.get(cid, 0.0)
+                ratio = shares.get(k, 0.0) / q0 if q0 > 0 else 1.0
+                ratio = min(hi, max(1.0 / hi, ratio))
+                out[cid] = min(v.usage, v.misses * ratio * per_miss)
         return out
 
     # -- per container -------------------------------------------------------------------------
@@ -280,27 +301,38 @@ class CostModel:
         return loss + bw_rate * v.misses + un_rate * v.usage + ev.stalls.get(cid, 0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class MoveCost:
-    refill: float  # core-seconds
-    migration: float
-    disruption: float
-
-    @property
-    def total(self) -> float:
-        return self.refill + self.migration + self.disruption
-
-
 def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,
-              config: RebalancerConfig) -> MoveCost:
-    """One-time cost of moving `v` from `frm` to `to` (core-seconds; see docs/cost-model.md)."""
+              config: RebalancerConfig) -> tuple[float, float, float]:
+    """One-time cost of moving `v` from `frm` to `to`: (refill, migration, disruption) core-seconds.
+
+    refill = LLC occupancy x (fraction of `to` in L3 domains `frm` did not use) / refill bandwidth;
+    migration = resident memory x (fraction of memory nodes dropped) / migration bandwidth;
+    disruption = a fixed cost per move. See docs/cost-model.md.
+    """
     if frm == to:
-        return MoveCost(refill=0.0, migration=0.0, disruption=0.0)
-    old_l3 = {idx.l3_of[c] for c in frm if c in idx.l3_of}
-    cold = sum(1 for c in to if idx.l3_of.get(c) not in old_l3) / max(1, len(to))
-    refill = (v.occupancy or 0.0) * cold / config.refill_bandwidth
-    mems_from = v.mems or idx.nodes_of(frm)
-    mems_to = idx.nodes_of(to)
-    moved = len(mems_from - mems_to) / max(1, len(mems_from))
-    migration = v.memory_bytes * moved / config.migration_bandwidth
-    return MoveCost(refill=refill, migration=migration, disruption=config.disruption_core_seconds)
+        return (0.0, 0.0, 0.0)
+    refill = (v.occupancy or 0.0) * _cold_fraction(idx, frm, to) / config.refill_bandwidth
+    moved = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to) if v.memory_bytes else 0.0
+    return (refill, v.memory_bytes * moved / config.migration_bandwidth, config.disruption_core_seconds)
+
+
+def _cold_fraction(idx: TopoIndex, frm: frozenset[int], to: frozenset[int]) -> float:
+    """Fraction of `to` in L3 domains `frm` does not touch (where the cache starts cold)."""
+    key = (frm, to)
+    hit = idx.memo.get(key)
+    if hit is None:
+        old = idx.l3s_of(frm)
+        hit = idx.memo[key] = (0.0 if idx.l3s_of(to) <= old else
+                               sum(1 for c in to if idx.l3_of.get(c) not in old) / max(1, len(to)))
+    return hit  # type: ignore[return-value]
+
+
+def _moved_fraction(idx: TopoIndex, mems_from: frozenset[int], to: frozenset[int]) -> float:
+    """Fraction of a container's memory nodes that cpuset.mems drops (pages to migrate)."""
+    if not mems_from:
+        return 0.0
+    key = ("moved", mems_from, to)
+    hit = idx.memo.get(key)
+    if hit is None:
+        hit = idx.memo[key] = len(mems_from - idx.nodes_of(to)) / len(mems_from)
+    return hit  # type: ignore[return-value]

@@ -39,11 +39,13 @@ class Decision:
 
 
 def candidates(ctx: Context, layout: Layout) -> list[Decision]:
-    out = _avx_islands(ctx, layout) + _avx_shields(ctx, layout)
+    scalar = _scalar_cpus(ctx, layout)
+    island = _island(ctx, layout, scalar)
+    out = _avx_islands(ctx, layout, scalar, island) + _avx_shields(ctx, layout)
     if ctx.model.llc_on:
-        out += _llc(ctx, layout)
+        out += _llc(ctx, layout, island)
     if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
-        out += _bandwidth(ctx, layout)
+        out += _bandwidth(ctx, layout, island)
     return out
 
 
@@ -70,14 +72,13 @@ def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[i
     return clean & ctx.idx.whole_cores(frozenset(heavy_cpus))
 
 
-def _avx_islands(ctx: Context, layout: Layout) -> list[Decision]:
-    scalar = _scalar_cpus(ctx, layout)
+def _avx_islands(ctx: Context, layout: Layout, scalar: frozenset[int],
+                 island: frozenset[int]) -> list[Decision]:
     cohorts: dict[frozenset[int], list[str]] = {}
     for cid in _heavy(ctx):
         cpus = layout.placement[cid]
         if not ctx.views[cid].exclusive and ctx.idx.whole_cores(cpus) & scalar:
             cohorts.setdefault(cpus, []).append(cid)
-    island = _island(ctx, layout, scalar)
     out: list[Decision] = []
     for _, cohort in sorted(cohorts.items(), key=lambda kv: kv[1][0])[:MAX_PER_KIND]:
         for target, members in _island_targets(ctx, layout, cohort, island):
@@ -119,20 +120,20 @@ def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: fr
                     primary: str) -> Decision | None:
     cpus = {cid: target for cid in members if layout.placement[cid] != target}
     allocated: set[str] = set()
-    for cid in sorted(layout.placement):
-        v = ctx.views[cid]
-        here = layout.placement[cid]
-        if v.heavy or not here & target:
-            continue
+    for here in sorted((k for k in layout.groups if k & target), key=sorted):
         rest = (here & ctx.free) - target
-        if not rest:
-            got = allocate(ctx.idx, ctx.free - target, ctx.need_cpus([cid]),
-                           prefer_nodes=_prefer_nodes(ctx, here))
-            if got is None:
-                return None
-            rest = got
-            allocated.add(cid)
-        cpus[cid] = rest
+        for cid in layout.groups[here].members:
+            if ctx.views[cid].heavy:
+                continue
+            if not rest:
+                got = allocate(ctx.idx, ctx.free - target, ctx.need_cpus([cid]),
+                               prefer_nodes=_prefer_nodes(ctx, here))
+                if got is None:
+                    return None
+                cpus[cid] = got
+                allocated.add(cid)
+            else:
+                cpus[cid] = rest
     if not cpus:
         return None
     n = len(members)
@@ -172,12 +173,12 @@ def _top(ctx: Context, ids: frozenset[str], key: str) -> list[str]:
     return sorted(movable, key=lambda c: (-getattr(ctx.views[c], key), c))[:MAX_PER_KIND]
 
 
-def _llc(ctx: Context, layout: Layout) -> list[Decision]:
+def _llc(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
     out: list[Decision] = []
     model = ctx.model
     for role, ids in (("aggressor", model.aggressors), ("victim", model.llc_victims)):
         for cid in _top(ctx, ids, "misses"):
-            out += _relocations(ctx, layout, cid, ctx.idx.l3s, "llc_separate",
+            out += _relocations(ctx, layout, cid, ctx.idx.l3s, island, "llc_separate",
                                 f"LLC: cache {role} {cid} to L3 domain", role == "victim")
     if ctx.rdt_class:
         for cid in _top(ctx, model.aggressors, "misses"):
@@ -187,19 +188,32 @@ def _llc(ctx: Context, layout: Layout) -> list[Decision]:
     return out
 
 
-def _bandwidth(ctx: Context, layout: Layout) -> list[Decision]:
-    hogs = frozenset(c for c, v in ctx.views.items() if v.bandwidth > 0)
+def _hot_nodes(ctx: Context, layout: Layout) -> set[int]:
+    """NUMA nodes whose bandwidth use is past the low knee of the loaded-latency curve."""
+    used: dict[int, float] = {}
+    for k, g in layout.groups.items():
+        if g.b > 0:
+            for n, f in ctx.model.frac("node", k).items():
+                used[n] = used.get(n, 0.0) + g.b * f
+    return {n for n, b in used.items() if b / ctx.config.bandwidth_of(n) > ctx.config.bandwidth_knee_low}
+
+
+def _bandwidth(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
+    hot = _hot_nodes(ctx, layout)
+    if not hot:
+        return []
+    hogs = frozenset(c for c, v in ctx.views.items()
+                     if v.bandwidth > 0 and ctx.idx.nodes_of(layout.placement[c]) & hot)
     out: list[Decision] = []
     for cid in _top(ctx, hogs, "bandwidth"):
-        out += _relocations(ctx, layout, cid, ctx.idx.nodes, "bandwidth",
+        out += _relocations(ctx, layout, cid, ctx.idx.nodes, island, "bandwidth",
                             f"memory bandwidth: {cid} to NUMA node", False)
     return out
 
 
 def _relocations(ctx: Context, layout: Layout, cid: str, domains: Mapping[int, frozenset[int]],
-                 kind: str, reason: str, sensitive: bool) -> list[Decision]:
+                 avx_island: frozenset[int], kind: str, reason: str, sensitive: bool) -> list[Decision]:
     here = layout.placement[cid]
-    avx_island = _island(ctx, layout, _scalar_cpus(ctx, layout))
     out = []
     for d, cpus in domains.items():
         if here <= cpus:

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.config import RebalancerConfig
-from rebalancer.constraints import requests_fit, spans_needlessly
+from rebalancer.constraints import spans_needlessly
 from rebalancer.context import Context
 from rebalancer.costmodel import Evaluation, Layout, move_cost
 from rebalancer.decisions import Decision, candidates
@@ -59,8 +60,9 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
     if config.enabled:
         for scored in _greedy(ctx, moved_now, considered):
             seq += 1
-            actions += _actions(ctx, scored, seq)
-            pending.append(_pending(ctx, scored, seq))
+            before, after = _victims(ctx, scored)
+            actions += _actions(ctx, scored, seq, tuple(sorted(before)))
+            pending.append(_pending(ctx, scored, seq, before, after))
             moved_now |= set(scored.decision.cpus) | set(scored.decision.classes)
     return Plan(time=now, actions=tuple(actions), considered=tuple(considered[:MAX_CONSIDERED]),
                 state=_next_state(ctx, smoothed, seq, pending, moved_now, touched))
@@ -76,10 +78,12 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
         above: list[Scored] = []
         for d in candidates(ctx, layout):
             why = _blocked(ctx, d, moved_now, budget)
-            if why:
+            after = None if why else layout.moved(ctx.model, d.cpus, d.classes)
+            why = why or _constraint(ctx, after, d)  # type: ignore[arg-type]
+            if why or after is None:
                 _note(considered, d, why)
                 continue
-            s = _score(ctx, layout, ev, d)
+            s = _score(ctx, layout, after, ev, d)
             if s.net <= ctx.config.margin:
                 _note(considered, d, f"net {s.net:.4f} below margin {ctx.config.margin}", s)
                 continue
@@ -99,44 +103,44 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
 
 
 def _blocked(ctx: Context, d: Decision, moved_now: set[str], budget: int) -> str:
-    for cid in sorted({**d.cpus, **d.classes}):
-        if cid in moved_now:
-            return f"{cid} already acted on this cycle"
-        why = ctx.blocked(cid)
-        if why:
-            return f"{cid}: {why}"
+    for ids in (d.cpus, d.classes):
+        if not moved_now.isdisjoint(ids):
+            return f"{min(moved_now.intersection(ids))} already acted on this cycle"
+        if not ctx.unmovable.keys().isdisjoint(ids):
+            cid = min(ctx.unmovable.keys() & ids.keys())
+            return f"{cid}: {ctx.unmovable[cid]}"
     if len(d.cpus) + len(d.classes) > budget:
         return f"cap: needs {len(d.cpus) + len(d.classes)} actions, {budget} left (max_actions_per_cycle)"
-    return _constraint(ctx, d)
+    return ""
 
 
-def _constraint(ctx: Context, d: Decision) -> str:
-    placement = dict(ctx.base.placement)
-    placement.update(d.cpus)
+def _constraint(ctx: Context, after: Layout, d: Decision) -> str:
+    """Targets inside the shareable CPUs, one NUMA node when they fit, requests fit."""
     for cid, cpus in sorted(d.cpus.items()):
         if not cpus or not cpus <= ctx.free:
             return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
         if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
             return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
     for cpus in sorted(set(d.cpus.values()), key=sorted):
-        if not requests_fit(placement, ctx.requests, cpus):
-            return f"constraint: CPU requests placed within {_fmt(cpus)} exceed it"
+        need = mcpu.total(g.req for k, g in after.groups.items() if k <= cpus)
+        if mcpu.to_cpus(need) > len(cpus):
+            return f"constraint: CPU requests placed within {_fmt(cpus)} need {mcpu.to_cpus(need)} CPUs"
     return ""
 
 
-def _score(ctx: Context, layout: Layout, ev: Evaluation, d: Decision) -> Scored:
-    after = layout.moved(ctx.model, d.cpus, d.classes)
+def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, d: Decision) -> Scored:
     ev2 = ctx.model.evaluate(after)
+    benefit = ev.total - ev2.total
+    if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up
+        return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0)
     costs = {}
     for cid, cpus in d.cpus.items():
-        mc = move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
-        costs[cid] = (mc.refill, mc.migration, mc.disruption)
+        costs[cid] = move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
     for cid in d.classes:
         occ = ctx.views[cid].occupancy or 0.0
         costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)
     one_time = sum(sum(c) for c in costs.values())
-    return Scored(decision=d, layout=after, evaluation=ev2, benefit=ev.total - ev2.total,
-                  costs=costs, cost=one_time / ctx.config.amortize_seconds)
+    return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs=costs, cost=one_time / ctx.config.amortize_seconds)
 
 
 def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float]]:
@@ -151,21 +155,20 @@ def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float
     return before, after
 
 
-def _actions(ctx: Context, s: Scored, seq: int) -> list[Action]:
+def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> list[Action]:
     d = s.decision
-    before, _ = _victims(ctx, s)
     parts = ctx.base_eval.parts
     detail_common = {"decision": float(seq), "decision_benefit": s.benefit,
                      "decision_cost": s.cost, "decision_net": s.net,
                      **{f"saved_{k}": parts[k] - s.evaluation.parts[k] for k in sorted(parts)}}
     out: list[Action] = []
     for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
-        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, tuple(sorted(before))))
+        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims))
     for cid, cls in sorted(d.classes.items()):
         out.append(Action(kind="rdt_class", container=cid, frm=ctx.base.classes[cid], to=cls,
                           reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
                           cost=sum(s.costs[cid]) / ctx.config.amortize_seconds,
-                          victims=tuple(sorted(before)), detail=detail_common))
+                          victims=victims, detail=detail_common))
     return out
 
 
@@ -182,19 +185,19 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
     if cid in d.allocated:
         detail["allocated"] = 1.0
     cpus = d.cpus[cid]
-    return Action(kind="cpuset", container=cid, frm=_fmt(ctx.base.placement[cid]), to=_fmt(cpus),
-                  mems=_fmt(ctx.idx.nodes_of(cpus)), reason=reason,
+    return Action(kind="cpuset", container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
+                  mems=ctx.idx.fmt(ctx.idx.nodes_of(cpus)), reason=reason,
                   benefit=s.benefit if primary else 0.0,
                   cost=(refill + migration + disruption) / ctx.config.amortize_seconds,
                   victims=victims if primary else (), detail=detail)
 
 
-def _pending(ctx: Context, s: Scored, seq: int) -> Pending:
+def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
+             after: Mapping[str, float]) -> Pending:
     d = s.decision
-    before, after = _victims(ctx, s)
-    moves = [Moved(container=cid, frm=_fmt(ctx.base.placement[cid]), to=_fmt(cpus),
-                   mems_frm=_fmt(ctx.views[cid].mems or ctx.idx.nodes_of(ctx.base.placement[cid])),
-                   mems_to=_fmt(ctx.idx.nodes_of(cpus)))
+    moves = [Moved(container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
+                   mems_frm=ctx.idx.fmt(ctx.views[cid].mems or ctx.idx.nodes_of(ctx.base.placement[cid])),
+                   mems_to=ctx.idx.fmt(ctx.idx.nodes_of(cpus)))
              for cid, cpus in sorted(d.cpus.items())]
     moves += [Moved(container=cid, frm=ctx.base.classes[cid], to=cls, kind="rdt_class")
               for cid, cls in sorted(d.classes.items())]

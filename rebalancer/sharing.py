@@ -34,7 +34,13 @@ def water_fill(groups: Sequence[tuple[frozenset[int], float]],
 def _fill_one(loads: dict[int, float], cpus: frozenset[int], demand: float) -> dict[int, float]:
     if demand <= 0.0 or not cpus:
         return {}
-    cur = sorted((loads.get(c, 0.0), c) for c in cpus)
+    get = loads.get
+    cur = [(get(c, 0.0), c) for c in cpus]
+    lo, hi = min(cur)[0], max(cur)[0]
+    if lo == hi:  # all CPUs equally loaded (often all idle): no sort needed
+        level = min(1.0, lo + demand / len(cpus))
+        return dict.fromkeys(cpus, level - lo) if level > lo else {}
+    cur.sort()
     level = _level(cur, demand)
     return {c: level - load for load, c in cur if load < level}
 

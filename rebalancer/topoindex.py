@@ -6,7 +6,9 @@ thousands of times per cycle, so it builds this index once per call (plain dicts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from perfbalance.cpuset import CpuSet
 
 from perfbalance.topology import Topology
 
@@ -26,6 +28,8 @@ class TopoIndex:
     high_priority: frozenset[int]
     l3_size: int
     cpu_model: str
+    # memo of derived values of cpusets (per planning call; never visible outside)
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, topology: Topology) -> TopoIndex:
@@ -62,7 +66,26 @@ class TopoIndex:
         return frozenset(out)
 
     def nodes_of(self, cpus: frozenset[int]) -> frozenset[int]:
-        return frozenset(self.node_of[c] for c in cpus if c in self.node_of)
+        key = ("nodes", cpus)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = frozenset(self.node_of[c] for c in cpus if c in self.node_of)
+        return hit  # type: ignore[return-value]
+
+    def l3s_of(self, cpus: frozenset[int]) -> frozenset[int]:
+        key = ("l3s", cpus)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = frozenset(self.l3_of[c] for c in cpus if c in self.l3_of)
+        return hit  # type: ignore[return-value]
+
+    def fmt(self, cpus: frozenset[int]) -> str:
+        """The kernel list form of `cpus` ("0-3,8")."""
+        key = ("fmt", cpus)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = str(CpuSet(cpus))
+        return hit  # type: ignore[return-value]
 
     def threads_per_core(self) -> int:
         return max((len(s) for s in self.cores.values()), default=1)

@@ -1,0 +1,350 @@
+"""Benchmark scenarios for the planner and the strategies they are scored with.
+
+Strategies, each ending in a placement the simulator scores:
+* none: containers stay where they were created;
+* placement_tag: cri-resource-manager's AVX-512 tag, best case (the tag is known at creation):
+  each container is placed, once, on the shared CPUs of one NUMA node, AVX-512-tagged ones where
+  other tagged ones are, untagged ones where fewest are; nothing ever moves afterwards;
+* perfbalance: the planner run in closed loop with the simulator (10 s cycles);
+* optimum: exhaustive search over a candidate family of cpusets (unions of whole cores, or of
+  NUMA nodes for the bandwidth scenario) respecting the constraints; None when too large.
+
+Victim slowdown = 1 - mean performance of the containers marked `victim`; throughput = sum of
+every container's performance (1.0 = as fast as alone). Pure functions; `agent/bench_plan.py`
+times and prints them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from perfbalance import mcpu
+from perfbalance.cpuset import CpuSet
+from perfbalance.model import Action, KubeletState, Snapshot
+from perfbalance.topology import Topology, synthetic
+from rebalancer.config import RebalancerConfig
+from rebalancer.constraints import requests_fit
+from rebalancer.planner import plan
+from rebalancer.sim import GIB, MIB, Node, Workload, simulate, snapshot
+from rebalancer.state import PlannerState
+from rebalancer.topoindex import TopoIndex
+
+INTERVAL = 10.0
+MAX_OPTIMUM_EVALS = 20_000
+SKYLAKE = "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    cycle: int
+    add: Workload | None = None
+    remove: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    node: Node
+    workloads: tuple[Workload, ...]  # present at cycle 0
+    initial: Mapping[str, frozenset[int]]  # where the runtime put them
+    events: tuple[Event, ...] = ()
+    cycles: int = 40
+    unit: str = "core"  # optimum family: unions of "core" or "node"
+    pmu: bool = True
+    noise: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result:
+    victim_slowdown: float
+    throughput: float
+    moves: int = 0
+
+    def to_json(self) -> dict[str, float]:
+        return {"victim_slowdown": round(self.victim_slowdown, 4), "throughput": round(self.throughput, 4),
+                "moves": self.moves}
+
+
+def score(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, frozenset[int]],
+          classes: Mapping[str, str] | None = None) -> tuple[float, float]:
+    perf = simulate(node, workloads, cpus, classes)
+    victims = [perf[w.id].perf for w in workloads if w.victim]
+    slow = 1.0 - sum(victims) / len(victims) if victims else 0.0
+    return slow, sum(p.perf for p in perf.values())
+
+
+# -- strategies -----------------------------------------------------------------------------------
+
+def pool(node: Node) -> frozenset[int]:
+    return frozenset(node.topology.online.ids - node.reserved.ids - node.kubelet.dedicated().ids)
+
+
+def run_none(sc: Scenario) -> Result:
+    return _run(sc, lambda w, cpus, live: cpus, None)
+
+
+def run_placement_tag(sc: Scenario) -> Result:
+    def place(w: Workload, cpus: frozenset[int], live: Mapping[str, frozenset[int]]) -> frozenset[int]:
+        if w.exclusive:
+            return cpus
+        return _tag_pool(sc, w, live)
+    return _run(sc, place, None)
+
+
+def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None) -> Result:
+    return _run(sc, lambda w, cpus, live: cpus, config or RebalancerConfig())
+
+
+def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
+    idx = TopoIndex.build(sc.node.topology)
+    shared = pool(sc.node)
+    tagged = {wl.id for wl in _all_workloads(sc) if wl.avx512}
+    def key(n: int) -> tuple[int, float, int]:
+        cpus = idx.nodes[n] & shared
+        avx = sum(1 for c, s in live.items() if c in tagged and s <= cpus)
+        return (-avx if w.avx512 else avx, -len(cpus), n)
+    best = min((n for n in idx.nodes if idx.nodes[n] & shared), key=key)
+    return idx.nodes[best] & shared
+
+
+def _all_workloads(sc: Scenario) -> list[Workload]:
+    return list(sc.workloads) + [e.add for e in sc.events if e.add is not None]
+
+
+def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, frozenset[int]]], frozenset[int]],
+         config: RebalancerConfig | None) -> Result:
+    live: dict[str, Workload] = {}
+    cpus: dict[str, frozenset[int]] = {}
+    classes: dict[str, str] = {}
+    for w in sc.workloads:
+        live[w.id] = w
+        cpus[w.id] = place(w, sc.initial[w.id], cpus)
+    state: PlannerState | None = None
+    rng = random.Random(sc.name)
+    moves, slow_sum, thr_sum, samples = 0, 0.0, 0.0, 0
+    for cycle in range(sc.cycles):
+        for e in sc.events:
+            if e.cycle == cycle:
+                _event(sc, e, live, cpus, classes, place)
+        if config is not None:
+            snap = snapshot(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
+                            pmu=sc.pmu, noise=sc.noise, rng=rng)
+            p = plan(snap, config, state, cycle * INTERVAL)
+            state = p.state
+            moves += apply(p.actions, cpus, classes)
+        if sc.events and cycle >= sc.cycles // 4:
+            s, t = score(sc.node, list(live.values()), cpus, classes)
+            slow_sum, thr_sum, samples = slow_sum + s, thr_sum + t, samples + 1
+    if samples:
+        return Result(victim_slowdown=slow_sum / samples, throughput=thr_sum / samples, moves=moves)
+    s, t = score(sc.node, list(live.values()), cpus, classes)
+    return Result(victim_slowdown=s, throughput=t, moves=moves)
+
+
+def _event(sc: Scenario, e: Event, live: dict[str, Workload], cpus: dict[str, frozenset[int]],
+           classes: dict[str, str], place: Callable[..., frozenset[int]]) -> None:
+    if e.remove:
+        live.pop(e.remove, None)
+        cpus.pop(e.remove, None)
+        classes.pop(e.remove, None)
+    if e.add is not None:
+        live[e.add.id] = e.add
+        cpus[e.add.id] = place(e.add, pool(sc.node), cpus)
+
+
+def apply(actions: Sequence[Action], cpus: dict[str, frozenset[int]], classes: dict[str, str]) -> int:
+    """Carry out a plan on the simulated node; returns the number of container actions."""
+    n = 0
+    for a in actions:
+        if a.container not in cpus:
+            continue
+        if a.kind == "cpuset" or (a.kind == "rollback" and a.undoes == "cpuset"):
+            cpus[a.container] = CpuSet.parse(a.to).ids
+        elif a.kind == "rdt_class" or (a.kind == "rollback" and a.undoes == "rdt_class"):
+            classes[a.container] = a.to
+        n += 1
+    return n
+
+
+# -- optimum --------------------------------------------------------------------------------------
+
+def family(sc: Scenario) -> list[frozenset[int]]:
+    """Candidate cpusets: non-empty unions of whole cores (or NUMA nodes) of the shared pool."""
+    idx = TopoIndex.build(sc.node.topology)
+    shared = pool(sc.node)
+    units = idx.nodes.values() if sc.unit == "node" else idx.cores.values()
+    usable = [u & shared for u in units if u & shared]
+    if sc.unit == "core":
+        usable = [u for u in usable if u == idx.whole_cores(u) & shared]
+    out = []
+    for r in range(1, len(usable) + 1):
+        for combo in itertools.combinations(usable, r):
+            out.append(frozenset().union(*combo))
+    return out
+
+
+def run_optimum(sc: Scenario) -> Result | None:
+    if sc.events:
+        return None
+    movable = [w for w in sc.workloads if not w.exclusive]
+    fam = family(sc)
+    if len(fam) ** len(movable) > MAX_OPTIMUM_EVALS:
+        return None
+    requests = {w.id: w.request_mcpu for w in sc.workloads}
+    best: tuple[float, float] | None = None
+    for combo in itertools.product(fam, repeat=len(movable)):
+        cpus = dict(sc.initial)
+        cpus.update({w.id: s for w, s in zip(movable, combo)})
+        if not all(requests_fit(cpus, requests, s) for s in set(combo)):
+            continue
+        slow, thr = score(sc.node, sc.workloads, cpus)
+        if best is None or thr > best[1] + 1e-12:
+            best = (slow, thr)
+    return None if best is None else Result(victim_slowdown=best[0], throughput=best[1])
+
+
+def ideal_without_avx_penalty(sc: Scenario) -> Result:
+    """Victim slowdown if AVX-512 cost nothing: the floor no placement can beat."""
+    return run_none(replace(sc, node=replace(sc.node, license_loss=0.0)))
+
+
+# -- scenarios ------------------------------------------------------------------------------------
+
+def _scalar(i: int, demand: float = 1.0, **kw: object) -> Workload:
+    return Workload(id=f"web-{i}", demand=demand, request_mcpu=int(demand * 500), victim=True,
+                    mpki_ref=0.5, **kw)  # type: ignore[arg-type]
+
+
+def _avx(i: int, demand: float = 1.5, **kw: object) -> Workload:
+    return Workload(id=f"avx-{i}", demand=demand, request_mcpu=int(demand * 500), avx512=True, **kw)  # type: ignore[arg-type]
+
+
+def _node(topo: Topology, **kw: object) -> Node:
+    return Node(topology=topo, **kw)  # type: ignore[arg-type]
+
+
+def avx512_small() -> Scenario:
+    topo = synthetic(packages=1, cores_per_node=4, threads_per_core=2, cpu_model=SKYLAKE)
+    ws = (_avx(0, 1.5), _scalar(0, 1.5), _scalar(1, 1.5))
+    return Scenario(name="avx512_vs_scalar_small", node=_node(topo), workloads=ws,
+                    initial={w.id: topo.online.ids for w in ws})
+
+
+def avx512_large() -> Scenario:
+    topo = synthetic(packages=1, cores_per_node=8, threads_per_core=2, cpu_model=SKYLAKE)
+    ws = (_avx(0, 2.0), _avx(1, 1.5)) + tuple(_scalar(i, 1.2) for i in range(6))
+    return Scenario(name="avx512_vs_scalar", node=_node(topo), workloads=ws,
+                    initial={w.id: topo.online.ids for w in ws})
+
+
+def cache_thrasher() -> Scenario:
+    topo = synthetic(packages=1, cores_per_node=4, l3_per_package=2, l3_size_bytes=8 * MIB,
+                     cpu_model=SKYLAKE)
+    ws = (Workload(id="thrasher", demand=1.0, request_mcpu=500, mpki_ref=40.0, ref_cache=4 * MIB,
+                   working_set=512 * MIB, cpi_core=0.8),
+          Workload(id="kv-store", demand=1.0, request_mcpu=500, mpki_ref=6.0, ref_cache=4 * MIB,
+                   working_set=6 * MIB, victim=True),
+          Workload(id="batch", demand=1.0, request_mcpu=500, mpki_ref=0.2, victim=False))
+    return Scenario(name="cache_thrasher", node=_node(topo), workloads=ws,
+                    initial={w.id: topo.online.ids for w in ws})
+
+
+def bandwidth_hog() -> Scenario:
+    topo = synthetic(packages=2, cores_per_node=4, l3_size_bytes=16 * MIB, cpu_model=SKYLAKE)
+    node0 = topo.nodes()[0].ids
+    hog = dict(mpki_ref=60.0, ref_cache=4 * MIB, working_set=4 * GIB, cpi_core=0.7, memory_bytes=2 * GIB)
+    ws = (Workload(id="stream-0", demand=1.0, request_mcpu=1000, **hog),  # type: ignore[arg-type]
+          Workload(id="stream-1", demand=1.0, request_mcpu=1000, **hog),  # type: ignore[arg-type]
+          Workload(id="db", demand=1.0, request_mcpu=1000, mpki_ref=8.0, working_set=1 * GIB, victim=True),
+          Workload(id="api", demand=1.0, request_mcpu=1000, mpki_ref=3.0, working_set=256 * MIB, victim=True))
+    return Scenario(name="bandwidth_hog", node=_node(topo, bandwidth_per_node=12e9), workloads=ws,
+                    initial={w.id: node0 for w in ws}, unit="node")
+
+
+def churn() -> Scenario:
+    topo = synthetic(packages=1, cores_per_node=8, threads_per_core=2, cpu_model=SKYLAKE)
+    ws = tuple(_scalar(i, 1.0) for i in range(6))
+    events = []
+    for k in range(6):
+        events.append(Event(cycle=10 + 30 * k, add=_avx(k, 1.5)))
+        events.append(Event(cycle=10 + 30 * k + 45, remove=f"avx-{k}"))
+    events.append(Event(cycle=100, add=_scalar(6, 1.0)))
+    events.append(Event(cycle=150, remove="web-0"))
+    return Scenario(name="churn", node=_node(topo), workloads=ws,
+                    initial={w.id: topo.online.ids for w in ws}, events=tuple(events), cycles=240,
+                    noise=0.03)
+
+
+def fragmented_2socket() -> Scenario:
+    topo = synthetic(packages=2, cores_per_node=8, threads_per_core=2, l3_size_bytes=16 * MIB,
+                     cpu_model=SKYLAKE)
+    frag = [CpuSet.parse(s).ids for s in ("0-1,8-9", "2,10,18,26", "3-5,19-21", "6-7,22-23",
+                                           "11-13,27-29", "14-15,30-31", "0-15", "16-31")]
+    ws = (_avx(0, 2.0), _scalar(0, 1.0), _scalar(1, 1.0), _avx(1, 2.0), _scalar(2, 1.5),
+          Workload(id="thrasher", demand=1.5, request_mcpu=500, mpki_ref=40.0, working_set=512 * MIB),
+          _scalar(3, 2.0), _scalar(4, 2.0))
+    return Scenario(name="fragmented_2socket", node=_node(topo), workloads=ws,
+                    initial={w.id: s for w, s in zip(ws, frag)})
+
+
+def kubelet_static() -> Scenario:
+    topo = synthetic(packages=1, cores_per_node=8, threads_per_core=2, cpu_model=SKYLAKE)
+    kubelet = KubeletState(policy="static", default_cpuset=CpuSet.parse("1,4-9,11-15"),
+                           exclusive={("pod-g1", "solver"): CpuSet.parse("2"),
+                                      ("pod-g2", "pricing"): CpuSet.parse("3")})
+    node = _node(topo, reserved=CpuSet.parse("0,8"), kubelet=kubelet)
+    ws = (Workload(id="solver", demand=1.0, request_mcpu=1000, avx512=True, exclusive=True,
+                   pod_uid="pod-g1", name="solver"),
+          Workload(id="pricing", demand=1.0, request_mcpu=1000, exclusive=True, victim=True,
+                   pod_uid="pod-g2", name="pricing"),
+          _avx(0, 1.5)) + tuple(_scalar(i, 1.2) for i in range(5))
+    shared = pool(node)
+    initial = {w.id: (CpuSet.parse("2").ids if w.id == "solver" else CpuSet.parse("3").ids
+                      if w.id == "pricing" else shared) for w in ws}
+    return Scenario(name="kubelet_static", node=node, workloads=ws, initial=initial)
+
+
+SCENARIOS: tuple[Callable[[], Scenario], ...] = (
+    avx512_small, avx512_large, cache_thrasher, bandwidth_hog, churn, fragmented_2socket,
+    kubelet_static)
+
+
+# -- planning-time instances -------------------------------------------------------------------------
+
+def timing_snapshot(containers: int, cpus: int) -> Snapshot:
+    """A realistic large snapshot: a shared pool, pinned containers, 10 % AVX-512, LLC metrics."""
+    packages = 1 if cpus <= 16 else 2
+    topo = synthetic(packages=packages, cores_per_node=cpus // (2 * packages), threads_per_core=2,
+                     cpu_model=SKYLAKE)
+    node = _node(topo)
+    rng = random.Random(f"{containers}x{cpus}")
+    ws, placement = [], {}
+    online = topo.online.ids
+    for i in range(containers):
+        kind = rng.random()
+        w = Workload(id=f"c{i:04d}", demand=0.2 * cpus / containers * rng.uniform(0.5, 1.5) * 3,
+                     request_mcpu=max(1, int(500 * cpus / containers)), avx512=kind < 0.1,
+                     mpki_ref=30.0 if kind > 0.97 else rng.uniform(0.1, 4.0),
+                     working_set=(512 if kind > 0.97 else 8) * MIB, victim=kind >= 0.1)
+        ws.append(w)
+        if rng.random() < 0.05:
+            start = rng.randrange(cpus // 2)
+            placement[w.id] = frozenset(range(start, start + 2)) | {start + cpus // 2}
+        else:
+            placement[w.id] = online
+    return snapshot(node, ws, placement, time=0.0)
+
+
+def timing_sizes() -> tuple[tuple[str, int, int], ...]:
+    return (("10x8", 10, 8), ("100x64", 100, 64), ("1000x256", 1000, 256))
+
+
+def requests_mcpu_total(ws: Sequence[Workload]) -> int:
+    return mcpu.total(w.request_mcpu for w in ws)
+
+
+__all__ = ["SCENARIOS", "Scenario", "Result", "run_none", "run_placement_tag", "run_perfbalance",
+           "run_optimum", "ideal_without_avx_penalty", "timing_snapshot", "timing_sizes", "field"]
