@@ -19,9 +19,8 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, KubeletState, Snapshot
 from perfbalance.topology import Topology, synthetic
@@ -101,11 +100,14 @@ def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None) -> Res
 def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
     idx = TopoIndex.build(sc.node.topology)
     shared = pool(sc.node)
-    tagged = {wl.id for wl in _all_workloads(sc) if wl.avx512}
+    by_id = {wl.id: wl for wl in _all_workloads(sc)}
+
     def key(n: int) -> tuple[int, float, int]:
         cpus = idx.nodes[n] & shared
-        avx = sum(1 for c, s in live.items() if c in tagged and s <= cpus)
-        return (-avx if w.avx512 else avx, -len(cpus), n)
+        here = [by_id[c] for c, s in live.items() if s <= cpus]
+        avx = sum(1 for x in here if x.avx512)
+        load = sum(x.demand for x in here) / len(cpus)
+        return (-avx if w.avx512 else avx, load, n)
     best = min((n for n in idx.nodes if idx.nodes[n] & shared), key=key)
     return idx.nodes[best] & shared
 
@@ -265,7 +267,7 @@ def bandwidth_hog() -> Scenario:
 
 
 def churn() -> Scenario:
-    topo = synthetic(packages=1, cores_per_node=8, threads_per_core=2, cpu_model=SKYLAKE)
+    topo = synthetic(packages=2, cores_per_node=4, threads_per_core=2, cpu_model=SKYLAKE)
     ws = tuple(_scalar(i, 1.0) for i in range(6))
     events = []
     for k in range(6):
@@ -342,9 +344,24 @@ def timing_sizes() -> tuple[tuple[str, int, int], ...]:
     return (("10x8", 10, 8), ("100x64", 100, 64), ("1000x256", 1000, 256))
 
 
-def requests_mcpu_total(ws: Sequence[Workload]) -> int:
-    return mcpu.total(w.request_mcpu for w in ws)
 
-
-__all__ = ["SCENARIOS", "Scenario", "Result", "run_none", "run_placement_tag", "run_perfbalance",
-           "run_optimum", "ideal_without_avx_penalty", "timing_snapshot", "timing_sizes", "field"]
+def steady_moves(sc: Scenario, *, cycles: int, settle_cycles: int, noise: float = 0.05,
+                 config: RebalancerConfig | None = None) -> tuple[int, int]:
+    """(actions in the first `settle_cycles`, actions after) of a noisy closed loop: ping-pong check."""
+    config = config or RebalancerConfig()
+    cpus = dict(sc.initial)
+    classes: dict[str, str] = {}
+    state: PlannerState | None = None
+    rng = random.Random(f"steady-{sc.name}")
+    early = late = 0
+    for cycle in range(cycles):
+        snap = snapshot(sc.node, sc.workloads, cpus, classes, time=cycle * INTERVAL, pmu=sc.pmu,
+                        noise=noise, rng=rng)
+        p = plan(snap, config, state, cycle * INTERVAL)
+        state = p.state
+        n = apply(p.actions, cpus, classes)
+        if cycle < settle_cycles:
+            early += n
+        else:
+            late += n
+    return early, late

@@ -1,0 +1,113 @@
+"""`perfbalance bench plan`: decision quality and planning time, measured on the node simulator.
+
+For every scenario of rebalancer.scenarios it scores four strategies (no rebalancing, the
+placement-only AVX-512 tag, perfbalance in closed loop, the exhaustive optimum where feasible),
+then checks the goals of issue 4: within 5 % of the optimum, >= 90 % of the avoidable AVX-512
+slowdown removed, no ping-pong over 10,000 noisy cycles, a 1000-container / 256-CPU plan in
+<= 100 ms. Planning time is CPU time of this process (time.process_time), the median of several
+runs, so that other load on a shared host does not inflate it; wall time is reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from rebalancer import RebalancerConfig, plan
+from rebalancer import scenarios as sc
+
+AVX_SCENARIOS = ("avx512_vs_scalar_small", "avx512_vs_scalar", "kubelet_static", "churn")
+
+
+def measure_plan_seconds(runs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(CPU seconds, wall seconds) of one plan() call per size, median of `runs`."""
+    cpu, wall = {}, {}
+    config = RebalancerConfig()
+    for name, containers, cpus in sc.timing_sizes():
+        snap = sc.timing_snapshot(containers, cpus)
+        c_runs, w_runs = [], []
+        for _ in range(runs):
+            t0, w0 = time.process_time(), time.perf_counter()
+            plan(snap, config, None, 0.0)
+            c_runs.append(time.process_time() - t0)
+            w_runs.append(time.perf_counter() - w0)
+        cpu[name], wall[name] = statistics.median(c_runs), statistics.median(w_runs)
+    return cpu, wall
+
+
+def scenario_results() -> tuple[list[dict[str, Any]], dict[str, float]]:
+    rows, ideal = [], {}
+    for make in sc.SCENARIOS:
+        s = make()
+        opt = sc.run_optimum(s)
+        results = {"none": sc.run_none(s).to_json(), "placement_tag": sc.run_placement_tag(s).to_json(),
+                   "perfbalance": sc.run_perfbalance(s).to_json(),
+                   "optimum": opt.to_json() if opt is not None else None}
+        rows.append({"name": s.name, "results": results})
+        if s.name in AVX_SCENARIOS:
+            ideal[s.name] = sc.ideal_without_avx_penalty(s).victim_slowdown
+    return rows, ideal
+
+
+def goals(rows: list[dict[str, Any]], ideal: dict[str, float], plan_cpu: dict[str, float],
+          pingpong: dict[str, int]) -> dict[str, Any]:
+    gap = {}
+    removed = {}
+    for r in rows:
+        res = r["results"]
+        if res["optimum"] is not None:
+            gap[r["name"]] = round(1.0 - res["perfbalance"]["throughput"] / res["optimum"]["throughput"], 4)
+        if r["name"] in ideal:
+            avoidable = res["none"]["victim_slowdown"] - ideal[r["name"]]
+            if avoidable > 1e-9:
+                removed[r["name"]] = round(
+                    (res["none"]["victim_slowdown"] - res["perfbalance"]["victim_slowdown"]) / avoidable, 4)
+    return {
+        "throughput_gap_to_optimum": gap,
+        "within_5pct_of_optimum": all(g <= 0.05 for g in gap.values()),
+        "avx512_slowdown_removed": removed,
+        "avx512_90pct_removed": all(v >= 0.9 for v in removed.values()),
+        "pingpong": pingpong,
+        "no_pingpong": pingpong["moves_after_settling"] == 0,
+        "plan_1000x256_le_100ms": plan_cpu.get("1000x256", 1.0) <= 0.1,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    quick = bool(getattr(args, "quick", False))
+    rows, ideal = scenario_results()
+    cycles = 500 if quick else 10_000
+    early, late = sc.steady_moves(sc.avx512_large(), cycles=cycles, settle_cycles=50)
+    pingpong = {"scenario": "avx512_vs_scalar", "cycles": cycles, "noise": 0.05,
+                "moves_while_settling": early, "moves_after_settling": late}
+    cpu, wall = measure_plan_seconds(3 if quick else 7)
+    out = {"scenarios": rows, "plan_seconds": {k: round(v, 5) for k, v in cpu.items()},
+           "plan_wall_seconds": {k: round(v, 5) for k, v in wall.items()},
+           "goals": goals(rows, ideal, cpu, pingpong)}
+    if getattr(args, "json", False):
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(out))
+    return 0
+
+
+def render(out: dict[str, Any]) -> str:
+    lines = [f"{'scenario':<24} {'strategy':<14} {'victim slowdown':>16} {'throughput':>11}"]
+    for r in out["scenarios"]:
+        for strat in ("none", "placement_tag", "perfbalance", "optimum"):
+            res = r["results"][strat]
+            vals = (f"{res['victim_slowdown']:>15.1%} {res['throughput']:>11.3f}" if res
+                    else f"{'n/a (too large)':>16} {'':>11}")
+            lines.append(f"{r['name']:<24} {strat:<14} {vals}")
+    lines.append("")
+    for k, v in out["plan_seconds"].items():
+        lines.append(f"plan {k:<9} {v * 1000:8.1f} ms CPU  ({out['plan_wall_seconds'][k] * 1000:.1f} ms wall)")
+    lines.append("")
+    for k, v in out["goals"].items():
+        lines.append(f"{k}: {v}")
+    return "\n".join(lines) + "\n"
