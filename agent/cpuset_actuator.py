@@ -108,11 +108,11 @@ class CpusetActuator:
     """Applies cpuset moves; see the module docstring for the rules it enforces."""
 
     def __init__(self, cgfs: Cgroupfs, *, reserved: CpuSet, kubelet: KubeletState,
-                 topology: Topology, allow_isolated: bool = False,
+                 topology: Topology, allow_isolated: bool = False, reassert_drift: bool = True,
                  backoff_base: float = BACKOFF_BASE_SECONDS, backoff_max: float = BACKOFF_MAX_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cgfs, self.reserved, self.kubelet, self.topology = cgfs, reserved, kubelet, topology
-        self.allow_isolated = allow_isolated
+        self.allow_isolated, self.reassert_drift = allow_isolated, reassert_drift
         self.backoff_base, self.backoff_max, self.clock = backoff_base, backoff_max, clock
         self.v2 = cgfs.version("cpuset") == 2
         self.counters: Counter[str] = Counter()
@@ -133,6 +133,27 @@ class CpusetActuator:
             self.topology = topology
         for gone in set(self._applied) - set(self._known):
             self.forget(gone)
+
+    def update(self, *, containers: Iterable[Container], kubelet: KubeletState | None = None,
+               reserved: CpuSet | None = None, topology: Topology | None = None) -> None:
+        """Per-cycle inputs (same as observe(), keyword form for the agent loop)."""
+        self.observe(containers, kubelet=kubelet, reserved=reserved, topology=topology)
+
+    def maintain(self, containers: Sequence[Container]) -> tuple[int, list[str]]:
+        """One cycle of drift handling: (number re-asserted, error texts).
+
+        With `reassert_drift` off, drift is counted and logged once and the container let go.
+        """
+        drifted = self.check_drift(containers)
+        if not self.reassert_drift:
+            for d in drifted:
+                log.info("cpuset of %s rewritten to %s (we applied %s); not re-asserting",
+                         d.container.id, d.seen_cpus, d.applied_cpus)
+                self.forget(d.container.id)
+            return 0, []
+        outcomes = self.reassert(drifted)
+        errors = [f"cpuset drift of {o.container}: {o.error}" for o in outcomes if not o.ok and not o.skipped]
+        return sum(1 for o in outcomes if o.ok), errors
 
     def forget(self, container_id: str) -> None:
         """Drop what we remember about a container (it is gone, or someone else owns it now)."""
@@ -309,18 +330,36 @@ class CpusetActuator:
 
     # -- drift ----------------------------------------------------------------------------
     def check_drift(self, containers: Sequence[Container]) -> list[Drift]:
-        """Containers whose cpuset differs from what we applied; also refreshes what is known."""
+        """Containers whose cpuset is no longer what we applied; also refreshes what is known.
+
+        The current set is read from cgroupfs, not taken from `containers` (which may have been
+        discovered before this cycle's moves): only a rewrite by someone else counts as drift.
+        """
         self.observe(containers)
         out = []
         for c in containers:
             rec = self._applied.get(c.id)
             if rec is None or rec[0] != c.cgroup:
                 continue
-            _, cpus, mems = rec
-            if c.cpuset != cpus or (c.mems and c.mems != mems):
-                out.append(Drift(container=c, applied_cpus=cpus, applied_mems=mems, seen_cpus=c.cpuset))
+            try:
+                seen = self._effective(c.cgroup)
+            except ContainerGone:
+                self.forget(c.id)
+                continue
+            except (ParseError, PerfbalanceError, OSError) as e:
+                log.warning("cannot read the cpuset of %s: %s", c.id, e)
+                continue
+            if seen != rec[1]:
+                out.append(Drift(container=c, applied_cpus=rec[1], applied_mems=rec[2], seen_cpus=seen))
         self.counters["drift_detected_total"] += len(out)
         return out
+
+    def _effective(self, rel: str) -> CpuSet:
+        name = "cpuset.cpus.effective" if self.v2 else "cpuset.effective_cpus"
+        text = self.cgfs.try_read(rel, "cpuset", name)
+        if text is None:
+            name, text = "cpuset.cpus", self.cgfs.read(rel, "cpuset", "cpuset.cpus")
+        return CpuSet.parse(text, source=f"{self.cgfs.dir(rel, 'cpuset')}/{name}")
 
     def reassert(self, drifted: Sequence[Drift]) -> list[ReassertOutcome]:
         """Re-apply what we applied; failures back off exponentially per container."""

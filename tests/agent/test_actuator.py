@@ -184,9 +184,10 @@ def test_reassert_backs_off_exponentially_on_failure(tmp_path: Path) -> None:
 
 
 def test_reassert_lets_go_when_cpus_became_dedicated(tmp_path: Path) -> None:
-    cgfs, _ = v2_tree(tmp_path)
+    cgfs, root = v2_tree(tmp_path)
     a = actuator(cgfs)
     a.apply(container(), CpuSet.parse("2"))
+    (root / "demo/c/cpuset.cpus").write_text("0-1")
     drift = a.check_drift([container(cpuset=CpuSet.parse("0-1"))])
     a.observe([container(cpuset=CpuSet.parse("0-1"))],
               kubelet=KubeletState(policy="static", exclusive={(UID, "db"): CpuSet([2])}))
@@ -201,3 +202,30 @@ def test_v2_cgroup_without_cpuset_files_is_feature_unavailable(tmp_path: Path) -
     a = actuator(Cgroupfs(root=str(root)))
     with pytest.raises(FeatureUnavailable, match="subtree_control"):
         a.apply(container(), CpuSet.parse("1"))
+
+
+def test_stale_discovery_after_our_own_move_is_not_drift(tmp_path: Path) -> None:
+    cgfs, _ = v2_tree(tmp_path)
+    a = actuator(cgfs)
+    before = container(cpuset=CpuSet.parse("0-1"))  # discovered at the start of the cycle
+    a.apply(before, CpuSet.parse("2"))
+    assert a.check_drift([before]) == []
+
+
+def test_maintain_reports_count_and_errors(tmp_path: Path) -> None:
+    cgfs, root = v2_tree(tmp_path)
+    a = actuator(cgfs)
+    a.apply(container(), CpuSet.parse("2"))
+    (root / "demo/c/cpuset.cpus").write_text("0-1")
+    assert a.maintain([container()]) == (1, [])
+    assert a.maintain([container()]) == (0, [])
+
+
+def test_maintain_without_reassert_lets_go(tmp_path: Path) -> None:
+    cgfs, root = v2_tree(tmp_path)
+    a = actuator(cgfs)
+    a.reassert_drift = False
+    a.apply(container(), CpuSet.parse("2"))
+    (root / "demo/c/cpuset.cpus").write_text("0-1")
+    assert a.maintain([container()]) == (0, [])
+    assert (root / "demo/c/cpuset.cpus").read_text() == "0-1" and a.applied() == {}
