@@ -61,7 +61,7 @@ def measure(host: HostPaths, sizes: Sequence[int]) -> dict[str, Any]:
                            "cycle_cpu_seconds": {}, "cycle_cpu_seconds_by_collector": {},
                            "perf_fds_by_containers": {}}
     try:
-        out["bpf_ns_per_event"], out["bpf_events"] = bpf_costs(host, collectors)
+        out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"] = bpf_costs(host, collectors)
         for n in sizes:
             with sleeping_cgroups(fs, n) as containers:
                 total, by = cycle_cost(collectors, containers)
@@ -69,6 +69,7 @@ def measure(host: HostPaths, sizes: Sequence[int]) -> dict[str, Any]:
             out["cycle_cpu_seconds_by_collector"][str(n)] = by
             out["perf_fds_by_containers"][str(n)] = perf_fds(collectors)
         out["perf_fds"] = perf_fds(collectors)
+        out["pmu_events"] = _events_note(collectors)
         out["rss_bytes"] = rss_bytes(host.procfs)
     finally:
         for c in collectors:
@@ -99,27 +100,55 @@ def rss_bytes(procfs: str) -> int:
 # --- BPF cost per event -------------------------------------------------------------------------
 
 
-def bpf_costs(host: HostPaths, collectors: Sequence[Any], seconds: float = 3.0) -> tuple[dict[str, float], dict[str, int]]:
-    """ns per event of each loaded program over `seconds` of a busy shell (switches and FPU saves)."""
+FLOOR_PROGRAMS = {
+    "avx512": "TRACEPOINT_PROBE(x86_fpu, x86_fpu_regs_deactivated) { return 0; }",
+    "pmu": "TRACEPOINT_PROBE(sched, sched_switch) { return 0; }",
+}
+
+
+def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
+              seconds: float = 1.0) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """Median ns per event of each loaded program, and of an empty program on the same
+    tracepoint (the floor: what the run-time accounting itself costs on this host)."""
     progs = loaded_programs(collectors)
     with stats_enabled(host.procfs):
+        ns, events = _measure(host, progs, rounds, seconds)
+        floor: dict[str, float] = {}
+        try:
+            env = bpfenv.prepare(host)
+            for name in progs:
+                b = env.load(FLOOR_PROGRAMS[name])
+                try:
+                    floor.update(_measure(host, {name: b.funcs[PROGRAM_FUNCS[name]].fd}, rounds, seconds)[0])
+                finally:
+                    b.cleanup()
+        except bpfenv.FeatureUnavailable:
+            pass
+    return ns, floor, events
+
+
+def _measure(host: HostPaths, progs: dict[str, int], rounds: int, seconds: float) -> tuple[dict[str, float], dict[str, int]]:
+    per: dict[str, list[float]] = {n: [] for n in progs}
+    events: dict[str, int] = {n: 0 for n in progs}
+    for _ in range(rounds):
         before = {n: bpfenv.prog_stats(host.procfs, fd) for n, fd in progs.items()}
-        load = subprocess.Popen(["timeout", "-s", "KILL", str(seconds), "sh", "-c",
-                                 "while :; do :; done & while :; do sleep 0.001; done"],
-                                start_new_session=True)
-        load.wait()
-        if _alive_group(load.pid):
-            os.killpg(load.pid, signal.SIGKILL)
-        after = {n: bpfenv.prog_stats(host.procfs, fd) for n, fd in progs.items()}
-    ns = {}
-    events = {}
-    for n in progs:
-        t = after[n][0] - before[n][0]
-        cnt = after[n][1] - before[n][1]
-        events[n] = cnt
-        if cnt > 0:
-            ns[n] = round(t / cnt, 1)
-    return ns, events
+        _load(seconds)
+        for n, fd in progs.items():
+            t, cnt = (a - b for a, b in zip(bpfenv.prog_stats(host.procfs, fd), before[n]))
+            events[n] += cnt
+            if cnt > 0:
+                per[n].append(t / cnt)
+    return {n: round(_median(v), 1) for n, v in per.items() if v}, events
+
+
+def _load(seconds: float) -> None:
+    """A busy shell plus a sleep loop: context switches and FPU-state saves, bounded in time."""
+    load = subprocess.Popen(["timeout", "-s", "KILL", str(seconds), "sh", "-c",
+                             "while :; do :; done & while :; do sleep 0.001; done"],
+                            start_new_session=True)
+    load.wait()
+    if _alive_group(load.pid):
+        os.killpg(load.pid, signal.SIGKILL)
 
 
 def _alive_group(pgid: int) -> bool:
@@ -189,6 +218,13 @@ def cycle_cost(collectors: Sequence[Any], containers: Sequence[Container], cycle
 def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     return round(s[len(s) // 2], 6) if s else 0.0
+
+
+def _events_note(collectors: Sequence[Any]) -> list[str]:
+    for c in collectors:
+        if c.name == "perf":
+            return [e["name"] for e in c.status().detail.get("events", [])]
+    return []
 
 
 @contextmanager

@@ -198,7 +198,7 @@ class Avx512Collector:
             return out
         for c in containers:
             try:
-                tids = self.cgroupfs.tids(c.cgroup)[: self.config.coarse_max_threads]
+                tids = self.cgroupfs.tids(c.cgroup, recursive=True)[: self.config.coarse_max_threads]
             except (PerfbalanceError, OSError):
                 continue
             summary = archstatus.summarize((archstatus.read_arch_status(self.host.procfs, t) for t in tids), window)

@@ -551,11 +551,7 @@ class KeyMap:
         return out
 
     def _pids(self, rel: str) -> list[tuple[int, str]]:
-        ctrl = None if self.cgroupfs.has(None) else next(
-            c for c in ("cpuset", "cpu", "cpuacct", "memory", "pids") if self.cgroupfs.has(c))
-        return [(pid, os.path.join(self.procfs, str(pid)))
-                for r in self.cgroupfs.walk(rel, ctrl, max_depth=self.max_depth)
-                for pid in self.cgroupfs.pids(r)]
+        return [(pid, os.path.join(self.procfs, str(pid))) for pid in self.cgroupfs.pids(rel, recursive=True)]
 
 
 def stale_keys(before: Mapping[int, tuple[str, str]], now: Mapping[int, tuple[str, str]]) -> list[int]:
