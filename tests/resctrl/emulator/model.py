@@ -24,7 +24,8 @@ Not modelled: pseudo-locking, SNC sub-domains, RMID limbo, the `size` file's per
 derived from the cache size, `cpus` writes only validate and store (no per-CPU default closid).
 Fork inheritance is approximated: a thread never seen before inherits the group of its thread
 group leader (or, for a process leader, of its parent) when it started after that task was moved;
-otherwise it is in the root group, as if it had been created before the move.
+otherwise it is in the root group, as if it had been created before the move. New threads of known
+processes are adopted when a tasks file is read; new child processes only when they are written.
 """
 
 from __future__ import annotations
@@ -202,6 +203,15 @@ class ProcView:
     def now_ticks(self) -> int:
         return int(time.clock_gettime(time.CLOCK_BOOTTIME) * self.hz)
 
+    def threads_of(self, tgids: set[int]) -> list[int]:
+        out = []
+        for tgid in tgids:
+            try:
+                out.extend(int(t) for t in os.listdir(f"{self.root}/{tgid}/task"))
+            except OSError:
+                pass
+        return out
+
     def all_tids(self) -> list[int]:
         out = []
         for pid in os.listdir(self.root):
@@ -371,11 +381,18 @@ class Resctrl:
     # -- tasks -------------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Forget exited tasks (and tasks whose tid was reused by a new task)."""
+        """Forget exited tasks (and reused tids); adopt threads that inherited a group at creation."""
         for tid in list(self.tasks):
             st = self.proc.stat(tid)
             if st is None or st[2] != self.tasks[tid].start:
                 del self.tasks[tid]
+        for tid in self.proc.threads_of({self.proc.stat(t)[0] for t in self.tasks if self.proc.stat(t)}):
+            if tid in self.tasks:
+                continue
+            st = self.proc.stat(tid)
+            ctrl, mon = self._state(tid, st)
+            if st is not None and (ctrl is not self.root or mon is not None):
+                self.tasks[tid] = TaskState(ctrl=ctrl, mon=mon, start=st[2], moved_at=st[2])
 
     def _state(self, tid: int, seen: tuple[int, int, int] | None = None, depth: int = 0) -> tuple[Group, Group | None]:
         """(control group, monitoring group) of a live task, inferring fork inheritance."""
