@@ -85,25 +85,33 @@ def _cores_in_one(idx: TopoIndex, avail: frozenset[int], count: int, domains: di
     for dkey, cpus in domains.items():
         cores = _free_cores(idx, avail, cpus)
         size = sum(len(idx.cores[k]) for k in cores)
-        if size >= count:
+        lone = 0 if whole_cores else len(cpus & avail) - size
+        if size >= count or (size and size + lone >= count):
             node = idx.node_of[min(cpus)]
-            options.append(((_node_rank(prefer_nodes, node), size, min(cpus)), cores))
+            options.append(((_node_rank(prefer_nodes, node), size + lone, min(cpus)), cores, cpus))
     if not options:
         return None
-    _, cores = min(options, key=lambda o: o[0])
-    return _take_cores(idx, avail, _core_order(idx, cores, high_priority), count, whole_cores)
+    _, cores, domain = min(options, key=lambda o: o[0])
+    return _take_cores(idx, avail & domain, _core_order(idx, cores, high_priority), count, whole_cores)
 
 
 def _take_cores(idx: TopoIndex, avail: frozenset[int], cores: list[CoreKey], count: int,
                 whole_cores: bool) -> frozenset[int]:
+    """Whole cores in order; a remainder smaller than a core comes from lone free threads of
+    busy cores in the same domain first, so that no whole core is split needlessly."""
     out: set[int] = set()
     for k in cores:
-        if len(out) >= count:
+        if len(out) >= count or (not whole_cores and len(out) + len(idx.cores[k]) > count):
             break
-        cpus = idx.cores[k]
-        if not whole_cores and len(out) + len(cpus) > count:
-            cpus = frozenset(sorted(cpus)[:count - len(out)])
-        out |= cpus
+        out |= idx.cores[k]
+    if len(out) < count and not whole_cores:
+        lone = sorted(c for c in avail if c not in out and not idx.cores[idx.core_of[c]] <= avail)
+        out |= set(lone[:count - len(out)])
+        for k in cores:
+            if len(out) >= count:
+                break
+            spare = sorted(idx.cores[k] - out)
+            out |= set(spare[:count - len(out)])
     return frozenset(out)
 
 
@@ -135,7 +143,7 @@ def _spanning(idx: TopoIndex, avail: frozenset[int], count: int, prefer_nodes: S
         if len(out) >= count:
             break
         cores = _core_order(idx, _free_cores(idx, avail, idx.nodes[n]), high_priority)
-        out |= _take_cores(idx, avail, cores, count - len(out), whole_cores)
+        out |= _take_cores(idx, avail & idx.nodes[n], cores, count - len(out), whole_cores)
         if not whole_cores and len(out) < count:
             rest = sorted(idx.nodes[n] & avail - out, key=lambda c: _thread_key(idx, avail, c, high_priority))
             out |= set(rest[:count - len(out)])

@@ -1,0 +1,106 @@
+"""`perfbalance plan SNAPSHOT.json`: run the planner on a saved snapshot and explain the plan.
+
+The file holds a Snapshot (docs/snapshot-format.md) or lines of `perfbalance run --json` output;
+with several lines the last one is planned. A malformed file is a clear error naming the field
+(exit code 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from perfbalance.errors import ConfigError, ParseError
+from perfbalance.model import Plan, Snapshot
+
+MAX_SNAPSHOT_BYTES = 64 << 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("snapshot", metavar="SNAPSHOT.json", help="a snapshot, or `perfbalance run --json` output (last line is used)")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--config", metavar="FILE", help="YAML config whose `rebalancer:` section is used (default: built-in)")
+    p.add_argument("--now", type=float, metavar="SECONDS", help="planning time (default: the snapshot's time)")
+
+
+def load_snapshot(path: str) -> Snapshot:
+    """Read `path` and parse its (last non-empty) line or whole text as a Snapshot."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SNAPSHOT_BYTES + 1)
+    except OSError as e:
+        raise ParseError("snapshot file", path, f"cannot read ({e.strerror})") from None
+    if len(raw) > MAX_SNAPSHOT_BYTES:
+        raise ParseError("snapshot file", path, f"larger than {MAX_SNAPSHOT_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParseError("snapshot file", path, f"not UTF-8 (byte {e.start})") from None
+    return parse_snapshot_text(text, source=path)
+
+
+def parse_snapshot_text(text: str, *, source: str) -> Snapshot:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ParseError("snapshot", "", "file is empty", source=source)
+    try:
+        json.loads(text)
+        body = text  # one JSON document (possibly pretty-printed over many lines)
+    except json.JSONDecodeError:
+        body = lines[-1]  # JSON lines: `perfbalance run --json` output; plan the last cycle
+        source = f"{source}: line {len(lines)}"
+    return Snapshot.loads(body, source=source)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agent.config import load_config
+    from rebalancer import plan
+
+    try:
+        snapshot = load_snapshot(args.snapshot)
+        config = load_config(args.config).rebalancer if args.config else None
+    except (ParseError, ConfigError) as e:
+        print(f"perfbalance plan: {e}", file=sys.stderr)
+        return 2
+    from rebalancer import RebalancerConfig
+
+    now = args.now if args.now is not None else snapshot.time
+    t0 = time.perf_counter()
+    result = plan(snapshot, config or RebalancerConfig(), None, now)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        json.dump(plan_json(result, seconds), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(snapshot, result, seconds))
+    return 0
+
+
+def plan_json(result: Plan, seconds: float) -> dict[str, Any]:
+    return {"time": result.time, "plan_seconds": round(seconds, 6),
+            "actions": result.to_json(), "considered": [dict(c) for c in result.considered]}
+
+
+def render(snapshot: Snapshot, result: Plan, seconds: float) -> str:
+    out = [f"snapshot of {snapshot.node or 'node'} at {snapshot.time:.0f}: "
+           f"{len(snapshot.containers)} containers on {len(snapshot.topology.cpus)} CPUs "
+           f"({snapshot.topology.cpu_model or 'unknown CPU'}); planned in {seconds * 1000:.1f} ms", ""]
+    if not result.actions:
+        out.append("no actions: nothing pays for its cost (see below)")
+    for i, a in enumerate(result.actions, 1):
+        out.append(f"{i}. {a.kind} {a.container}: {a.frm or '-'} -> {a.to}"
+                   + (f" (mems {a.mems})" if a.mems else ""))
+        out.append(f"   why: {a.reason}")
+        if a.benefit or a.victims:
+            out.append(f"   benefit {a.benefit:.4f} - cost {a.cost:.4f} = net {a.net:.4f} core-s/s; "
+                       f"victims: {', '.join(a.victims) or '-'}")
+    if result.considered:
+        out += ["", "considered and not done:"]
+        for c in result.considered:
+            what = c.get("reason") or c.get("decision", "")
+            nums = f" [net {c['net']:.4f}]" if "net" in c else ""
+            out.append(f"- {c.get('kind')} {c.get('container', '')}: {what} -> {c.get('rejected')}{nums}")
+    return "\n".join(out) + "\n"
