@@ -342,9 +342,9 @@ def discover(cgfs: Cgroupfs, *, kubernetes: bool, globs: Sequence[str], kubelet:
     out: list[Container] = []
     seen: set[str] = set()
     for f in found:
-        if f.rel in seen or f.id in {c.id for c in out}:
+        if f.rel in seen or f.id in seen:
             continue
-        seen.add(f.rel)
+        seen.update((f.rel, f.id))
         c = _one(cgfs, f, kubelet, ctl, procfs_root)
         if c is not None:
             out.append(c)

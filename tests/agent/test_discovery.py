@@ -207,3 +207,47 @@ def test_parse_pod_dir_systemd_converts_underscores() -> None:
 def test_check_name_rejects(name: str) -> None:
     with pytest.raises(ParseError):
         d.check_name(name)
+
+
+class VanishingCgroupfs(Cgroupfs):
+    """A container whose cgroup disappears between the directory listing and its file reads."""
+
+    def __init__(self, root: str, vanish: str) -> None:
+        super().__init__(root=root)
+        self.vanish = vanish
+
+    def try_read(self, rel: str, controller: str | None, name: str) -> str | None:
+        if rel == self.vanish:
+            from perfbalance.errors import ContainerGone
+            raise ContainerGone(rel, "removed by the runtime")
+        return super().try_read(rel, controller, name)
+
+
+def test_container_vanishing_mid_scan_is_skipped(tmp_path: Path) -> None:
+    root = fakecg.hybrid(tmp_path)
+    v1_container(root, f"kubepods/pod{UID}/{CID}")
+    v1_container(root, f"kubepods/pod{UID}/{CID2}")
+    cgfs = VanishingCgroupfs(str(root), f"kubepods/pod{UID}/{CID}")
+    found = d.discover(cgfs, kubernetes=True, globs=(), kubelet=KubeletState())
+    assert [c.id for c in found] == [CID2]
+
+
+def test_pause_sandbox_is_dropped_when_procfs_given(tmp_path: Path) -> None:
+    root = fakecg.hybrid(tmp_path)
+    v1_container(root, f"kubepods/pod{UID}/{CID}")
+    v1_container(root, f"kubepods/pod{UID}/{CID2}")
+    fakecg.mkcg(root, f"kubepods/pod{UID}/{CID}", {"cpuset": {"cgroup.procs": "100\n"}})
+    fakecg.mkcg(root, f"kubepods/pod{UID}/{CID2}", {"cpuset": {"cgroup.procs": "200\n"}})
+    proc = tmp_path / "proc"
+    fakecg.files(proc, "100", {"comm": "pause\n"})
+    fakecg.files(proc, "200", {"comm": "nginx\n"})
+    found = d.discover(Cgroupfs(root=str(root)), kubernetes=True, globs=(), kubelet=KubeletState(),
+                       procfs_root=str(proc))
+    assert [c.id for c in found] == [CID2]
+
+
+def test_same_cgroup_from_kubepods_and_glob_is_reported_once(tmp_path: Path) -> None:
+    root = fakecg.hybrid(tmp_path)
+    v1_container(root, f"kubepods/pod{UID}/{CID}")
+    found = scan(root, globs=(f"kubepods/pod{UID}/*",))
+    assert list(found) == [CID]
