@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -69,6 +70,52 @@ class Mosquitto:
                                      stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc, log)
         return self
+
+    def stop(self) -> None:
+        terminate(self.proc)
+        self.proc = None
+
+
+class Prometheus:
+    """A Prometheus server scraping `targets` every second and evaluating `rules` every second."""
+
+    def __init__(self, workdir: Path, *, targets: list[str], rules: Path) -> None:
+        self.dir, self.port = workdir, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conf = workdir / "prometheus.yml"
+        self.conf.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            f"rule_files:\n  - {rules}\n"
+            "scrape_configs:\n  - job_name: perfbalance\n    static_configs:\n"
+            f"      - targets: {targets!r}\n")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Prometheus:
+        log = self.dir / "prometheus.log"
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={self.conf}", f"--storage.tsdb.path={self.dir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
+                 "--log.level=warn"], stdout=out, stderr=subprocess.STDOUT)
+        wait_port(self.port, self.proc, log)
+        self._wait_ready(log)
+        return self
+
+    def _wait_ready(self, log: Path, timeout: float = 60.0) -> None:
+        """The web port opens before the TSDB is loaded; /-/ready says 200 when queries work."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"prometheus not ready after {timeout} s: {log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         terminate(self.proc)
