@@ -1,0 +1,168 @@
+"""`perfbalance doctor`: what this node offers and what the agent will use, and why not.
+
+Each section (kernel, bpf, perf, avx512, resctrl, cgroup, kubelet, config) answers `available`
+and `reason`, plus the details a platform engineer needs to fix it. Doctor never raises on a
+missing feature and never changes the node, except that it may mount tracefs (as the agent
+does) when `--mount-tracefs` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from agent.config import Config, load_config, node_name
+from agent.parts import host_paths
+from perfbalance.errors import ConfigError
+from perfbalance.host import HostPaths
+
+SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "cgroup", "kubelet", "config")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--config", metavar="FILE", help="config file to check and take host roots from")
+    p.add_argument("--mount-tracefs", action="store_true", help="mount tracefs if missing, as the agent does")
+
+
+def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except Exception as e:  # doctor must report, not crash
+        return {"available": False, "reason": f"probe failed: {type(e).__name__}: {e}"}
+
+
+def kernel(host: HostPaths, bpf: dict[str, Any]) -> dict[str, Any]:
+    release = platform.release()
+    btf = os.path.exists(os.path.join(host.sysfs, "kernel", "btf", "vmlinux"))
+    reqs = bpf.get("kernel", {}).get("requirements", {})
+    failing = [f"{name} needs >= {r.get('minimum')}" for name, r in reqs.items() if not r.get("ok", True)]
+    return {"available": not failing, "release": release, "btf": btf, "requirements": reqs,
+            "reason": "; ".join(failing) if failing else f"{release} meets every minimum"}
+
+
+def perf(bpf: dict[str, Any]) -> dict[str, Any]:
+    events = bpf.get("perf_events", {})
+    software = {"task_clock", "context_switches", "cpu_migrations"}
+    hw = sorted(k for k, v in events.items() if v == "ok" and k not in software)
+    sw = sorted(k for k, v in events.items() if v == "ok" and k in software)
+    if hw:
+        reason = f"hardware events open: {', '.join(hw)}"
+    elif sw:
+        reason = f"no hardware PMU (a VM?): software events {', '.join(sw)} will be used for attribution"
+    else:
+        reason = "no perf events can be opened (perf_event_paranoid or missing CAP_PERFMON?)"
+    return {"available": bool(hw or sw), "hardware_pmu": bool(hw), "events": events, "reason": reason}
+
+
+def avx512(host: HostPaths, bpf: dict[str, Any]) -> dict[str, Any]:
+    flags: list[str] = []
+    try:
+        with open(os.path.join(host.procfs, "cpuinfo"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = sorted(x for x in line.split(":", 1)[1].split() if x.startswith("avx512"))
+                    break
+    except OSError as e:
+        return {"available": False, "reason": f"cannot read cpuinfo: {e.strerror}"}
+    tp = bpf.get("tracepoints", {}).get("x86_fpu/x86_fpu_regs_deactivated")
+    if not flags:
+        reason, ok = "the CPU has no AVX-512: nothing to detect", False
+    elif bpf.get("available") and tp:
+        reason, ok = "eBPF on x86_fpu_regs_deactivated (ZMM_Hi256 vs EVEX-256)", True
+    else:
+        reason, ok = "BPF unavailable: falling back to /proc/<pid>/arch_status (coarser: includes EVEX-256)", True
+    return {"available": ok, "cpu_flags": flags, "tracepoint": bool(tp), "source": "bpf" if bpf.get("available") and tp else "arch_status", "reason": reason}
+
+
+def resctrl(host: HostPaths) -> dict[str, Any]:
+    from resctrl.info import find_mount, read_info
+
+    mount = find_mount(host.procfs)
+    if mount is None:
+        return {"available": False, "reason": "resctrl is not mounted (no RDT on this CPU, or mount -t resctrl resctrl /sys/fs/resctrl)"}
+    info = read_info(mount)
+    return {"available": True, "reason": f"mounted at {mount.path}", "info": _plain(info)}
+
+
+def cgroup(host: HostPaths) -> dict[str, Any]:
+    from collectors.cgroupfs import Cgroupfs
+
+    cg = Cgroupfs(root=host.cgroup)
+    ctl = cg.controllers()
+    missing = [c for c in ("cpuset", "cpu") if c not in ctl]
+    return {"available": not missing, "layout": cg.layout, "controllers": list(ctl),
+            "root": host.cgroup,
+            "reason": f"{cg.layout} layout" + (f"; missing controllers: {', '.join(missing)}" if missing else "")}
+
+
+def kubelet(host: HostPaths) -> dict[str, Any]:
+    from agent.kubelet import read_cpu_manager_state, state_path
+
+    path = state_path(host.kubelet)
+    if not os.path.exists(path):
+        return {"available": False, "path": path, "policy": "none",
+                "reason": "no cpu_manager_state: not a kubelet node, or the kubelet root differs (host.kubelet_root)"}
+    try:
+        st = read_cpu_manager_state(host.kubelet)
+    except Exception as e:
+        return {"available": False, "path": path, "reason": str(e)}
+    return {"available": True, "path": path, "policy": st.policy,
+            "default_cpuset": str(st.default_cpuset), "exclusive": len(st.exclusive),
+            "reason": f"CPU manager policy {st.policy}; {len(st.exclusive)} exclusive assignment(s) left untouched"}
+
+
+def report(config: Config, *, config_error: str = "", mount_tracefs: bool = False) -> dict[str, Any]:
+    from collectors.bpfenv import probe
+
+    host = host_paths(config)
+    bpf = _guard(lambda: probe(host, mount_tracefs=mount_tracefs))
+    out = {
+        "kernel": _guard(lambda: kernel(host, bpf)),
+        "bpf": bpf,
+        "perf": _guard(lambda: perf(bpf)),
+        "avx512": _guard(lambda: avx512(host, bpf)),
+        "resctrl": _guard(lambda: resctrl(host)),
+        "cgroup": _guard(lambda: cgroup(host)),
+        "kubelet": _guard(lambda: kubelet(host)),
+        "config": {"available": not config_error, "reason": config_error or "valid"},
+    }
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    config_error = ""
+    try:
+        config = load_config(args.config, node=node_name())
+    except ConfigError as e:
+        config, config_error = Config(), str(e)
+    out = report(config, config_error=config_error, mount_tracefs=args.mount_tracefs)
+    if args.json:
+        json.dump(out, sys.stdout, indent=2, sort_keys=False, default=str)
+        sys.stdout.write("\n")
+        return 0
+    for name in SECTIONS:
+        sec = out[name]
+        mark = "ok " if sec.get("available") else "-- "
+        print(f"{mark}{name:8s} {sec.get('reason') or ('ok' if sec.get('available') else '')}")
+    hdr = out["bpf"].get("headers")
+    if hdr:
+        print(f"    bcc {out['bpf'].get('bcc_version')} compiles against {hdr.get('path')} ({hdr.get('source')}, {hdr.get('release')})")
+    return 0
+
+
+def _plain(obj: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj if isinstance(obj, (int, float, str, bool, type(None))) else str(obj)

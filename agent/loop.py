@@ -1,0 +1,273 @@
+"""The agent loop: collect -> Snapshot -> plan -> act -> report, once per interval.
+
+One asyncio task runs the cycles; the blocking parts of a cycle (reading cgroups, BPF maps,
+writing cpusets) run in a worker thread so the HTTP server and the MQTT publisher stay
+responsive. Everything that can fail per container or per collector is caught at its boundary
+and recorded in the cycle's `errors`; the loop itself only stops on SIGTERM/SIGINT or after
+`--cycles N`, and then detaches BPF programs and closes what it opened within a bounded grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+from agent.config import Config, ConfigWatcher
+from agent.parts import Parts, build_parts
+from agent.report import AgentState, Applied, CycleReport, Realized
+from perfbalance.cpuset import CpuSet
+from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
+from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
+
+log = logging.getLogger("perfbalance.loop")
+
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class CycleInputs:
+    """What a cycle needs from the previous one."""
+
+    planner_state: Any = None
+    cycle: int = 0
+    last_time: float = 0.0
+    pending: dict[str, Applied] = field(default_factory=dict)  # event id of a move -> applied
+
+
+class Agent:
+    """One perfbalance agent on one node."""
+
+    def __init__(self, config: Config, *, node: str, config_path: str | None = None,
+                 dry_run: bool = False, cycles: int | None = None, json_out: TextIO | None = None,
+                 parts_factory: Callable[[Config, str], Parts] = build_parts) -> None:
+        self.config, self.node, self.config_path = config, node, config_path
+        self.dry_run = dry_run or config.agent.dry_run
+        self.cycles, self.json_out = cycles, json_out
+        self.state = AgentState(node=node)
+        self.state.config_loaded_time = time.time()
+        self._parts_factory = parts_factory
+        self._watcher = ConfigWatcher(config_path, node=node) if config_path else None
+        self._stop = asyncio.Event()
+        self._inputs = CycleInputs()
+        self.parts: Parts | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+                pass
+        self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node)
+        self.state.extra.update(self.parts.status_extra())
+        services = await self.parts.start_services(self.state, self.config)
+        try:
+            await asyncio.to_thread(self._prime)
+            await self._cycles()
+        finally:
+            await self._shutdown(services)
+        return 0
+
+    async def _cycles(self) -> None:
+        interval = self.config.agent.interval_seconds
+        while not self._stop.is_set():
+            if self.cycles is not None and self._inputs.cycle >= self.cycles:
+                break
+            if await self._sleep(interval):
+                break
+            started = time.monotonic()
+            report = await asyncio.to_thread(self.cycle_once)
+            self.state.publish(report)
+            await self.parts_publish(report)
+            if self.json_out is not None:
+                self.json_out.write(json.dumps(report.to_json(), sort_keys=False) + "\n")
+                self.json_out.flush()
+            log.debug("cycle %d took %.3fs", report.cycle, time.monotonic() - started)
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep, returning True when a stop was requested meanwhile."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def parts_publish(self, report: CycleReport) -> None:
+        assert self.parts is not None
+        for event in report.applied:
+            self.parts.publish_event(event, report)
+        for r in report.realized:
+            self.parts.publish_realized(r)
+
+    async def _shutdown(self, services: Sequence[Any]) -> None:
+        assert self.parts is not None
+        try:
+            await asyncio.wait_for(self.parts.stop_services(services), SHUTDOWN_GRACE_SECONDS)
+        except asyncio.TimeoutError:
+            log.warning("services did not stop within %.0fs", SHUTDOWN_GRACE_SECONDS)
+        await asyncio.to_thread(self.parts.close)
+        log.info("stopped: BPF programs detached, state left consistent")
+
+    # -- one cycle (worker thread) -------------------------------------------------------
+    def _prime(self) -> None:
+        """Open collectors and take a first reading so cycle 1 has a full window of rates."""
+        assert self.parts is not None
+        containers, _ = self._discover([])
+        self.parts.collect(containers, time.time())
+        self._inputs.last_time = time.time()
+
+    def cycle_once(self) -> CycleReport:
+        assert self.parts is not None
+        errors: list[str] = []
+        self._maybe_reload(errors)
+        now = time.time()
+        containers, kubelet = self._discover(errors)
+        t0 = time.perf_counter()
+        metrics = self.parts.collect(containers, now)
+        errors.extend(self.parts.collector_errors())
+        collect_seconds = time.perf_counter() - t0
+        snapshot = self._snapshot(now, containers, kubelet, metrics)
+        t1 = time.perf_counter()
+        plan = self._plan(snapshot, now, errors)
+        plan_seconds = time.perf_counter() - t1
+        applied = () if self.dry_run else self._act(plan.actions, snapshot, errors)
+        if not self.dry_run:
+            errors.extend(self.parts.maintain(snapshot, self.state))
+        realized = self._realized(plan, applied)
+        self._inputs.cycle += 1
+        self._inputs.last_time = now
+        return CycleReport(
+            cycle=self._inputs.cycle, time=now, snapshot=snapshot, plan=plan,
+            applied=tuple(applied), realized=realized, errors=tuple(errors),
+            plan_seconds=plan_seconds, collect_seconds=collect_seconds,
+            vcpu_map=self.parts.vcpu_map(),
+        )
+
+    def _maybe_reload(self, errors: list[str]) -> None:
+        if self._watcher is None:
+            return
+        try:
+            new = self._watcher.poll()
+        except ConfigError as e:
+            with self.state.lock:
+                self.state.config_valid, self.state.config_error = False, str(e)
+                self.state.config_reloads_total["invalid"] += 1
+            errors.append(f"config rejected, last good one stays in force: {e}")
+            log.error("config rejected, last good one stays in force: %s", e)
+            return
+        if new is None:
+            return
+        assert self.parts is not None
+        self.config = new
+        self.parts.reconfigure(new)
+        with self.state.lock:
+            self.state.config_valid, self.state.config_error = True, ""
+            self.state.config_reloads_total["ok"] += 1
+            self.state.config_loaded_time = time.time()
+        log.info("config reloaded from %s", self.config_path)
+
+    def _discover(self, errors: list[str]) -> tuple[list[Container], Any]:
+        assert self.parts is not None
+        return self.parts.discover(errors)
+
+    def _snapshot(self, now: float, containers: Sequence[Container], kubelet: Any,
+                  metrics: dict[str, dict[str, float]]) -> Snapshot:
+        assert self.parts is not None
+        samples = tuple(ContainerSample(container=c, metrics=metrics.get(c.id, {}))
+                        for c in containers)
+        return Snapshot(
+            time=now, window=max(0.0, now - self._inputs.last_time), node=self.node,
+            topology=self.parts.topology, containers=samples, kubelet=kubelet,
+            reserved=self.parts.unusable_cpus(), collectors=self.parts.collector_status(),
+            node_metrics=self.parts.node_metrics(), cycle=self._inputs.cycle + 1,
+        )
+
+    def _plan(self, snapshot: Snapshot, now: float, errors: list[str]) -> Plan:
+        from rebalancer import plan as make_plan
+
+        if not self.config.rebalancer.enabled:
+            return Plan(time=now, state=self._inputs.planner_state)
+        try:
+            plan = make_plan(snapshot, self.config.rebalancer, self._inputs.planner_state, now)
+        except PerfbalanceError as e:  # bad input: keep the last planner state, act on nothing
+            errors.append(f"planner: {e}")
+            return Plan(time=now, state=self._inputs.planner_state)
+        self._inputs.planner_state = plan.state
+        return plan
+
+    def _act(self, actions: Sequence[Action], snapshot: Snapshot, errors: list[str]) -> list[Applied]:
+        assert self.parts is not None
+        by_id = {s.id: s.container for s in snapshot.containers}
+        out: list[Applied] = []
+        for action in actions:
+            event = Applied(event_id=uuid.uuid4().hex, kind=action.kind, container=action.container,
+                            frm=action.frm, to=action.to, reason=action.reason, ok=False,
+                            predicted_benefit=action.benefit, predicted_cost=action.cost,
+                            time=time.time())
+            container = by_id.get(action.container)
+            try:
+                if container is None:
+                    raise ContainerGone(action.container, "not in this cycle's snapshot")
+                self.parts.apply(action, container)
+                event = replace(event, ok=True)
+                self._count(action)
+            except ContainerGone as e:
+                event = replace(event, error=str(e))
+                errors.append(str(e))
+            except PerfbalanceError as e:
+                event = replace(event, error=str(e))
+                errors.append(str(e))
+                with self.state.lock:
+                    self.state.action_errors_total[type(e).__name__] += 1
+            out.append(event)
+        return out
+
+    def _count(self, action: Action) -> None:
+        with self.state.lock:
+            self.state.moves_total[(action.kind, _reason_label(action.reason))] += 1
+            if action.kind == "rollback":
+                self.state.rollbacks_total += 1
+
+    def _realized(self, plan: Plan, applied: Sequence[Applied]) -> tuple[Realized, ...]:
+        """Realized gains the planner measured for earlier moves (carried in plan.considered)."""
+        out = []
+        for c in plan.considered:
+            if c.get("kind") != "evaluation":
+                continue
+            out.append(Realized(event_id=str(c.get("event_id", "")), container=str(c.get("container", "")),
+                                predicted=float(c.get("predicted", 0.0)), realized=float(c.get("realized", 0.0)),
+                                rolled_back=bool(c.get("rolled_back", False))))
+        if out:
+            with self.state.lock:
+                self.state.realized = (self.state.realized + out)[-100:]
+        return tuple(out)
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded label for a free-text reason: its first word (e.g. 'avx512', 'llc', 'drift')."""
+    head = reason.split(":", 1)[0].split()[0] if reason.strip() else "unknown"
+    return "".join(ch for ch in head.lower() if ch.isalnum() or ch in "-_")[:32] or "unknown"
+
+
+def unusable(reserved: CpuSet, isolated: CpuSet, allow_isolated: bool) -> CpuSet:
+    return reserved if allow_isolated else reserved | isolated
+
+
+def write_line(out: TextIO, obj: Any) -> None:
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+__all__ = ["Agent", "unusable", "write_line", "sys"]

@@ -1,0 +1,229 @@
+"""The agent's parts, built from the configuration: readers, collectors, actuators, exports.
+
+`agent.loop.Agent` drives a cycle through this one object, so the loop stays about the order of
+things (collect, snapshot, plan, act, report) and this module about which concrete part does
+each step on this node. Every part that cannot work here is left out with its reason, once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from agent.config import Config
+from agent.discovery import discover
+from agent.kubelet import KubeletStateReader
+from agent.report import AgentState, Applied, CycleReport, Realized
+from agent.sysfs import read_topology
+from collectors.base import Collector
+from collectors.cgroupfs import Cgroupfs
+from perfbalance.cpuset import CpuSet
+from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
+from perfbalance.host import HostPaths
+from perfbalance.model import Action, CollectorStatus, Container, KubeletState, Snapshot
+from perfbalance.topology import Topology
+
+log = logging.getLogger("perfbalance.parts")
+
+
+def host_paths(config: Config) -> HostPaths:
+    h = config.host
+    return HostPaths(sysfs=h.sysfs_root, procfs=h.procfs_root, cgroup=h.cgroup_root,
+                     tracefs=h.tracefs_root, modules=h.modules_root, kubelet=h.kubelet_root,
+                     run_dir=config.agent.run_dir, headers_search=tuple(h.headers_search))
+
+
+class Parts:
+    """Everything one agent uses on this node."""
+
+    def __init__(self, config: Config, node: str) -> None:
+        self.config, self.node = config, node
+        self.host = host_paths(config)
+        self.cgfs = Cgroupfs(root=config.host.cgroup_root)
+        self.topology: Topology = read_topology(config.host.sysfs_root, procfs_root=config.host.procfs_root)
+        self.kubelet_reader = KubeletStateReader(config.host.kubelet_root)
+        self.kubelet: KubeletState = KubeletState()
+        self.collectors: list[Collector] = []
+        self._collector_errors: list[str] = []
+        self._reported_down: set[str] = set()
+        self._make_collectors()
+        self.cpusets = self._make_cpuset_actuator()
+        self.resctrl = self._make_resctrl()
+        self.vms = self._make_vms()
+        self._mqtt: Any = None
+        self._moved: dict[str, CpuSet] = {}
+
+    # -- construction ---------------------------------------------------------------------
+    def _make_collectors(self) -> None:
+        from agent.collector_set import make_collectors
+
+        self.collectors = make_collectors(self.config, self.host, self.cgfs, self.topology)
+        for c in self.collectors:
+            status = c.start()
+            self._log_status(c.name, status)
+
+    def _make_cpuset_actuator(self) -> Any:
+        from agent.cpuset_actuator import CpusetActuator
+
+        return CpusetActuator(self.cgfs, reserved=self.unusable_cpus(), kubelet=self.kubelet,
+                              topology=self.topology)
+
+    def _make_resctrl(self) -> Any:
+        from agent.resctrl_glue import make_resctrl
+
+        return make_resctrl(self.config, self.host)
+
+    def _make_vms(self) -> Any:
+        if not self.config.vm.enabled:
+            return None
+        from agent.vmm import VmSandboxes
+
+        return VmSandboxes(config=self.config.vm, procfs_root=self.config.host.procfs_root,
+                           cgroupfs=self.cgfs)
+
+    def _log_status(self, name: str, status: CollectorStatus) -> None:
+        if status.up:
+            self._reported_down.discard(name)
+            log.info("collector %s up %s", name, status.reason)
+        elif name not in self._reported_down:
+            self._reported_down.add(name)
+            log.warning("collector %s down: %s", name, status.reason)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take a reloaded config; parts whose settings are read per cycle follow at once."""
+        self.config = config
+        if self.vms is not None:
+            self.vms.config = config.vm
+
+    # -- per cycle --------------------------------------------------------------------------
+    def unusable_cpus(self) -> CpuSet:
+        reserved = CpuSet.parse(self.config.cpuset.reserved_cpus)
+        if self.config.cpuset.allow_isolated:
+            return reserved
+        return reserved | self.topology.isolated
+
+    def discover(self, errors: list[str]) -> tuple[list[Container], KubeletState]:
+        self.kubelet = self.kubelet_reader.read()
+        if self.kubelet_reader.last_error is not None:
+            errors.append(str(self.kubelet_reader.last_error))
+        try:
+            containers = discover(self.cgfs, kubernetes=self.config.discovery.kubernetes,
+                                  globs=self.config.discovery.globs, kubelet=self.kubelet,
+                                  procfs_root=self.config.host.procfs_root)
+        except (ParseError, PerfbalanceError) as e:
+            errors.append(f"discovery: {e}")
+            containers = []
+        if self.resctrl is not None:
+            containers = self.resctrl.label(containers)
+        self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
+        return containers, self.kubelet
+
+    def collect(self, containers: Sequence[Container], now: float) -> dict[str, dict[str, float]]:
+        self._collector_errors = []
+        merged: dict[str, dict[str, float]] = {c.id: {} for c in containers}
+        for col in self.collectors:
+            try:
+                got = col.collect(containers, now)
+            except Exception as e:  # a collector bug must not stop the agent
+                log.exception("collector %s failed", col.name)
+                self._collector_errors.append(f"collector {col.name}: {type(e).__name__}: {e}")
+                continue
+            self._log_status(col.name, col.status())
+            for cid, metrics in got.items():
+                if cid in merged:
+                    merged[cid].update(metrics)
+        from collectors.derive import derive
+
+        for cid, metrics in merged.items():
+            metrics.update(derive(metrics))
+        return merged
+
+    def collector_errors(self) -> list[str]:
+        return list(self._collector_errors)
+
+    def collector_status(self) -> dict[str, CollectorStatus]:
+        out = {c.name: c.status() for c in self.collectors}
+        if self.resctrl is not None:
+            out.update(self.resctrl.status())
+        return out
+
+    def node_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.resctrl is not None:
+            out.update(self.resctrl.node_metrics())
+        return out
+
+    def apply(self, action: Action, container: Container) -> None:
+        if action.kind in ("cpuset",) or (action.kind == "rollback" and action.undoes == "cpuset"):
+            cpus = CpuSet.parse(action.to)
+            mems = CpuSet.parse(action.mems) if action.mems else None
+            self.cpusets.apply(container, cpus, mems)
+            self._moved[container.id] = cpus  # VMM threads follow in maintain(), same cycle
+        elif action.kind in ("rdt_class",) or (action.kind == "rollback" and action.undoes == "rdt_class"):
+            if self.resctrl is None:
+                raise FeatureUnavailable("resctrl", "not in use on this node")
+            self.resctrl.apply_class(container, action.to)
+        else:
+            raise PerfbalanceError(f"unknown action kind {action.kind!r} for {action.container}")
+
+    def maintain(self, snapshot: Snapshot, state: AgentState) -> list[str]:
+        """Per-cycle upkeep: drift re-assertion, RDT thread re-sweep, VMM thread masks."""
+        errors: list[str] = []
+        containers = [s.container for s in snapshot.containers]
+        n, errs = self.cpusets.maintain(containers)
+        errors.extend(errs)
+        if n:
+            with state.lock:
+                state.drift_reasserted_total += n
+        if self.resctrl is not None:
+            errors.extend(self.resctrl.maintain(containers))
+            state.extra.update(self.resctrl.extra())
+        if self.vms is not None:
+            report = self.vms.sync_snapshot(snapshot, moved=dict(self._moved))
+            errors.extend(report.errors)
+            errors.extend(report.problems)
+        self._moved.clear()
+        return errors
+
+    def vcpu_map(self) -> dict[str, dict[int, int]]:
+        return self.vms.vcpu_map() if self.vms is not None else {}
+
+    def status_extra(self) -> dict[str, Any]:
+        return self.resctrl.extra() if self.resctrl is not None else {}
+
+    # -- services -------------------------------------------------------------------------
+    async def start_services(self, state: AgentState, config: Config) -> list[Any]:
+        from agent.services import start_services
+
+        services = await start_services(self, state, config)
+        return services
+
+    async def stop_services(self, services: Sequence[Any]) -> None:
+        from agent.services import stop_services
+
+        await stop_services(services)
+
+    def publish_event(self, event: Applied, report: CycleReport) -> None:
+        if self._mqtt is not None:
+            self._mqtt.publish_applied(event, report)
+
+    def publish_realized(self, r: Realized) -> None:
+        if self._mqtt is not None:
+            self._mqtt.publish_realized(r)
+
+    def close(self) -> None:
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("closing collector %s", c.name)
+        if self.resctrl is not None:
+            self.resctrl.close()
+
+
+def build_parts(config: Config, node: str) -> Parts:
+    return Parts(config, node)
+
+
+__all__ = ["Parts", "build_parts", "host_paths", "ContainerGone"]
