@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(host: HostPaths, sizes: Sequence[int]) -> dict[str, Any]:
+def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: float = 1.0) -> dict[str, Any]:
     fs = Cgroupfs(root=host.cgroup)
     collectors = start_collectors(host, fs)
     out: dict[str, Any] = {"collectors": {c.name: {"up": c.status().up, "reason": c.status().reason}
@@ -61,7 +61,7 @@ def measure(host: HostPaths, sizes: Sequence[int]) -> dict[str, Any]:
                            "cycle_cpu_seconds": {}, "cycle_cpu_seconds_by_collector": {},
                            "perf_fds_by_containers": {}}
     try:
-        out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"] = bpf_costs(host, collectors)
+        out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"] = bpf_costs(host, collectors, rounds=rounds, seconds=seconds)
         for n in sizes:
             with sleeping_cgroups(fs, n) as containers:
                 total, by = cycle_cost(collectors, containers)
