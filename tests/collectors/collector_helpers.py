@@ -10,21 +10,19 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.cgroupfs import Cgroupfs
-from perfbalance.host import HostPaths
 from perfbalance.model import Container
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 _seq = itertools.count()
 
-# Bounded workloads (seconds are wall-clock limits, enforced by the kernel via SIGKILL).
+# Bounded workloads (seconds are wall-clock limits, enforced by timeout(1) with SIGKILL).
 NUMPY_EXP = [PYTHON, "-c",
              "import numpy as np, time\n"
              "a = np.random.rand(1 << 20)\n"
@@ -81,7 +79,3 @@ def _pids_anywhere(fs: Cgroupfs, rel: str) -> list[int]:
     except Exception:
         return []
 
-
-def wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 30) -> None:
-    for p in procs:
-        p.wait(timeout=timeout)
