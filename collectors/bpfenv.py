@@ -416,6 +416,7 @@ def probe(host: HostPaths, *, mount_tracefs: bool = False) -> dict[str, Any]:
         out["batch_reads"] = env.batch_reads
         out["tracepoints"] = tracepoints(host.tracefs)
         out["available"] = True
+        out["reason"] = f"bcc {out['bcc_version']} with {env.headers.source} headers {env.headers.release}"
     except (FeatureUnavailable, ParseError, OSError) as e:
         out["reason"] = getattr(e, "reason", str(e))
     from collectors.perf import probe_events  # noqa: PLC0415 (perf imports this module)

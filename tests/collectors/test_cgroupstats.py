@@ -1,0 +1,102 @@
+"""cgroup statistics: CPU usage, throttling, PSI and memory from real cgroups (hybrid here)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collector_helpers import SH_BUSY, Cgroups, bounded
+from collectors.cgroupstats import CgroupStatsCollector, Reading, metrics
+
+
+def test_usage_rate_is_the_delta_over_the_window() -> None:
+    m = metrics(Reading(usage_usec=3_000_000), Reading(usage_usec=1_000_000), 4.0)
+    assert m["cpu_usage_cores"] == 0.5 and m["cpu_seconds_total"] == 3.0
+
+
+def test_throttled_ratio_is_throttled_periods_over_periods() -> None:
+    prev = Reading(usage_usec=0, nr_periods=100, nr_throttled=10, throttled_usec=0)
+    cur = Reading(usage_usec=0, nr_periods=200, nr_throttled=60, throttled_usec=2_500_000)
+    m = metrics(cur, prev, 1.0)
+    assert m["cpu_throttled_ratio"] == 0.5 and m["cpu_throttled_seconds_total"] == 2.5
+
+
+def test_counter_that_went_backwards_gives_no_rate() -> None:
+    m = metrics(Reading(usage_usec=10), Reading(usage_usec=5_000_000), 1.0)
+    assert "cpu_usage_cores" not in m
+
+
+def test_first_window_has_totals_but_no_rates() -> None:
+    m = metrics(Reading(usage_usec=1_000_000, memory_bytes=4096, psi_cpu_some=0.25), None, 0.0)
+    assert m == {"cpu_seconds_total": 1.0, "cpu_throttled_seconds_total": 0.0, "memory_bytes": 4096.0,
+                 "psi_cpu_some": 0.25}
+
+
+@pytest.mark.root
+def test_busy_cgroup_usage_matches_what_the_kernel_accounted(cgroups: Cgroups) -> None:
+    col = CgroupStatsCollector(cgroupfs=cgroups.fs)
+    assert col.start().up
+    c = cgroups.new("busy")
+    t0 = time.time()
+    col.collect([c], t0)
+    cgroups.run(c, bounded(SH_BUSY, 1)).wait(timeout=30)
+    t1 = time.time()
+    m = col.collect([c], t1)["busy"]
+    kernel = cgroups.cpuacct_seconds(c)
+    assert m["cpu_seconds_total"] == pytest.approx(kernel, abs=1e-3)
+    assert m["cpu_usage_cores"] == pytest.approx(kernel / (t1 - t0), rel=0.01)
+    assert m["memory_bytes"] >= 0
+
+
+@pytest.mark.root
+def test_cfs_quota_shows_up_as_throttling(cgroups: Cgroups) -> None:
+    col = CgroupStatsCollector(cgroupfs=cgroups.fs)
+    assert col.start().up
+    c = cgroups.new("capped")
+    cgroups.fs.write(c.cgroup, "cpu", "cpu.cfs_quota_us", "10000")  # 10% of a CPU
+    col.collect([c], time.time())
+    cgroups.run(c, bounded(SH_BUSY, 1)).wait(timeout=30)
+    m = col.collect([c], time.time())["capped"]
+    assert m["cpu_throttled_ratio"] > 0.5 and m["cpu_throttled_seconds_total"] > 0
+
+
+@pytest.mark.root
+def test_pressure_comes_from_the_unified_hierarchy_on_hybrid_hosts(cgroups: Cgroups) -> None:
+    col = CgroupStatsCollector(cgroupfs=cgroups.fs)
+    st = col.start()
+    if not st.detail.get("psi"):
+        pytest.skip(f"no PSI here: {st.reason}")
+    c = cgroups.new("psi")
+    m = col.collect([c], time.time())["psi"]
+    assert 0.0 <= m["psi_cpu_some"] <= 1.0 and 0.0 <= m["psi_memory_some"] <= 1.0
+
+
+@pytest.mark.root
+def test_vanished_cgroup_is_skipped_without_error(cgroups: Cgroups) -> None:
+    col = CgroupStatsCollector(cgroupfs=cgroups.fs)
+    col.start()
+    c = cgroups.new("gone")
+    cgroups.fs.remove(c.cgroup)
+    assert col.collect([c], time.time()) == {} and col.status().up
+
+
+def test_disabled_collector_is_down_and_says_so() -> None:
+    st = CgroupStatsCollector(cgroupfs=None, enabled=False).start()
+    assert not st.up and "disabled" in st.reason
+
+
+def test_psi_some_avg10_is_a_fraction_and_agrees_with_the_full_parser() -> None:
+    from collectors.cgroupfs import parse_psi
+    from collectors.cgroupstats import parse_psi_some_avg10
+
+    text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=12345\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=5\n"
+    assert parse_psi_some_avg10(text) == parse_psi(text).some_avg10 == 0.125
+
+
+def test_malformed_pressure_names_the_file() -> None:
+    from collectors.cgroupstats import parse_psi_some_avg10
+    from perfbalance.errors import ParseError
+
+    with pytest.raises(ParseError, match="kubepods/x/cpu.pressure"):
+        parse_psi_some_avg10("garbage", source="kubepods/x/cpu.pressure")

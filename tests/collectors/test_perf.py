@@ -1,0 +1,182 @@
+"""PMU counters per container: BPF attribution at sched_switch, per-cgroup fallback, software events.
+
+This machine has no hardware PMU: the same code paths run with software events (task-clock,
+context-switches, cpu-migrations), and hardware events are expected to fail to open.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collector_helpers import SH_BUSY, Cgroups, bounded
+from collectors import perf
+from collectors.config import PerfConfig
+from perfbalance.errors import ParseError
+from perfbalance.host import HostPaths
+
+SOFTWARE = PerfConfig(events=("task_clock", "context_switches", "cpu_migrations"))
+
+
+# --- pure ----------------------------------------------------------------------------------------
+
+def test_known_event_names_and_aliases_parse() -> None:
+    assert perf.parse_event("task-clock") == perf.KNOWN["task_clock"]
+    assert perf.parse_event("cache-misses").name == "llc_misses"
+
+
+def test_raw_event_gets_a_metric_safe_name_and_its_config() -> None:
+    e = perf.parse_event("CORE_POWER.LVL2_TURBO_LICENSE=0x28c")
+    assert (e.name, e.type, e.config) == ("core_power_lvl2_turbo_license", perf.PERF_TYPE_RAW, 0x28C)
+
+
+def test_unknown_event_is_rejected_with_the_known_list() -> None:
+    with pytest.raises(ParseError, match="bogus.*|known"):
+        perf.parse_event("bogus")
+
+
+def test_multiplexed_count_is_scaled_by_enabled_over_running() -> None:
+    assert perf.scaled(1000, 4000, 1000) == 4000.0
+    assert perf.scaled(1000, 1000, 1000) == 1000.0
+    assert perf.scaled(5, 100, 0) == 0.0
+
+
+def test_derived_ipc_and_llc_mpki() -> None:
+    events = perf.parse_events(["instructions", "cycles", "llc_misses"])
+    counts = {"instructions": 2e9, "cycles": 1e9, "llc_misses": 4e6}
+    m = perf.derive(events, counts, counts, 2.0)
+    assert m["ipc"] == 2.0 and m["llc_mpki"] == 2.0 and m["instructions_per_second"] == 1e9
+
+
+def test_task_clock_is_reported_in_seconds() -> None:
+    events = (perf.KNOWN["task_clock"],)
+    counts = perf.window_counts(events, perf.Raw(counter=(1_500_000_000,), enabled=(1,), running=(1,)))
+    m = perf.derive(events, counts, counts, 3.0)
+    assert m["task_clock_seconds_total"] == 1.5 and m["task_clock_seconds_per_second"] == 0.5
+
+
+def test_map_value_splits_into_counter_enabled_running() -> None:
+    assert perf.split_row((1, 2, 3, 4, 5, 6), 2) == perf.Raw(counter=(1, 2), enabled=(3, 4), running=(5, 6))
+
+
+def test_reading_of_a_counting_fd_parses_value_and_times() -> None:
+    raw = (7).to_bytes(8, "little") + (9).to_bytes(8, "little") + (8).to_bytes(8, "little")
+    assert perf.parse_reading(raw) == perf.Reading(counter=7, enabled=9, running=8)
+
+
+# --- this host: no PMU ---------------------------------------------------------------------------
+
+@pytest.mark.root
+def test_without_a_pmu_hardware_events_fall_back_to_software_events() -> None:
+    if perf.probe_events(["cycles"])["cycles"] == "ok":
+        pytest.skip("this host has a hardware PMU")
+    events, notes = perf.choose_events(perf.parse_events(["instructions", "cycles"]))
+    assert [e.name for e in events] == ["task_clock", "context_switches", "cpu_migrations"]
+    assert any("no hardware PMU" in n for n in notes)
+
+
+@pytest.mark.root
+def test_hardware_event_on_a_host_without_pmu_fails_to_open_with_errno() -> None:
+    if perf.probe_events(["cycles"])["cycles"] == "ok":
+        pytest.skip("this host has a hardware PMU")
+    with pytest.raises(OSError):
+        perf.perf_event_open(perf.KNOWN["cycles"], pid=-1, cpu=0)
+
+
+# --- real BPF attribution ------------------------------------------------------------------------
+
+def busy_and_idle(col: object, cgroups: Cgroups) -> dict[str, dict[str, float]]:
+    busy, idle = cgroups.new("busy"), cgroups.new("idle")
+    col.collect([busy, idle], time.time())  # type: ignore[attr-defined]
+    procs = [cgroups.run(busy, bounded(SH_BUSY, 2)), cgroups.run(idle, ["sleep", "2"])]
+    for p in procs:
+        p.wait(timeout=60)
+    out = dict(col.collect([busy, idle], time.time()))  # type: ignore[attr-defined]
+    out["kernel"] = {"busy": cgroups.cpuacct_seconds(busy), "idle": cgroups.cpuacct_seconds(idle)}
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_bpf_attribution_credits_busy_cgroup_with_its_cpu_time(host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    st = col.start()
+    try:
+        assert st.up and st.detail["mode"] == "bpf", st.reason
+        got = busy_and_idle(col, cgroups)
+    finally:
+        col.close()
+    kernel = got["kernel"]["busy"]
+    assert kernel > 0.5  # the loop really ran
+    assert got["busy"]["task_clock_seconds_total"] == pytest.approx(kernel, rel=0.10)
+    assert got["busy"]["context_switches_total"] > 0
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_bpf_attribution_credits_idle_cgroup_with_near_zero(host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        got = busy_and_idle(col, cgroups)
+    finally:
+        col.close()
+    assert got["idle"]["task_clock_seconds_total"] < 0.05
+    assert got["idle"]["task_clock_seconds_total"] == pytest.approx(got["kernel"]["idle"], abs=0.02)
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_perf_fds_do_not_grow_with_containers(host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        col.collect([cgroups.new("one")], time.time())
+        few = col.perf_fds
+        col.collect([cgroups.new(f"c{i}") for i in range(20)], time.time())
+        many = col.perf_fds
+    finally:
+        col.close()
+    assert few == many == len(col.events) * len(perf.online_cpus())
+    assert col.perf_fds == 0
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_bpf_mode_without_headers_is_down_with_the_reason(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=no_headers_host, cgroupfs=cgroups.fs)
+    st = col.start()
+    assert not st.up and "no kernel headers" in st.reason and col.perf_fds == 0
+
+
+# --- per-cgroup mode (hosts without BPF) ---------------------------------------------------------
+
+@pytest.mark.root
+def test_cgroup_mode_counts_a_busy_cgroup_like_the_kernel(host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.CgroupPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    st = col.start()
+    try:
+        assert st.up and st.detail["mode"] == "cgroup", st.reason
+        got = busy_and_idle(col, cgroups)
+        per_container = col.perf_fds // 2
+    finally:
+        col.close()
+    assert got["busy"]["task_clock_seconds_total"] == pytest.approx(got["kernel"]["busy"], rel=0.10)
+    assert got["idle"]["task_clock_seconds_total"] < 0.05
+    assert per_container == len(col.events) * len(perf.online_cpus())
+
+
+@pytest.mark.root
+def test_auto_mode_without_bpf_falls_back_to_per_cgroup_events(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.make_collector(config=SOFTWARE, host=no_headers_host, cgroupfs=cgroups.fs)
+    st = col.start()
+    try:
+        assert st.up and st.detail["mode"] == "cgroup" and "BPF mode unavailable" in st.reason
+    finally:
+        col.close()
+
+
+def test_off_mode_is_down_and_says_why(host: HostPaths) -> None:
+    st = perf.make_collector(config=PerfConfig(mode="off"), host=host, cgroupfs=None).start()
+    assert not st.up and "off" in st.reason
