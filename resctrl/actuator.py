@@ -48,23 +48,22 @@ class ResctrlActuator:
         self.overrides.pop(container_id, None)
 
     def sweep(self, containers: Sequence[Container], tids_of: TidsOf) -> SweepReport:
-        moves, errors, notes = [], [], []
+        """Re-apply every container's effective class (new threads caught), then collect garbage."""
+        items, notes = [], []
         for c in containers:
             cls, why = self.effective_class(c)
             if "annotation" in why and ";" in why:
                 notes.append(f"{c.id}: {why}")
             try:
-                result = self.manager.assign(c.id, cls, tids_of(c))
+                items.append((c.id, cls, tids_of(c)))
             except ContainerGone:
                 continue
-            except ResctrlError as e:
-                errors.append(f"{c.id}: {e}")
-                continue
-            if result.degraded:
-                notes.append(f"{c.id}: class {cls}: {result.degraded}")
-            moves.append(result)
+        results = self.manager.assign_many(items)
+        errors = tuple(f"{r.container}: {r.error}" for r in results if r.error)
+        notes += [f"{r.container}: {r.degraded}" for r in results if r.degraded]
         alive = {c.id for c in containers}
         for cid in [k for k in self.overrides if k not in alive]:
             del self.overrides[cid]
         removed, _ = self.manager.gc(alive)
-        return SweepReport(moves=tuple(moves), errors=tuple(errors), removed=tuple(removed), notes=tuple(notes))
+        return SweepReport(moves=tuple(r for r in results if not r.error), errors=errors, removed=tuple(removed),
+                           notes=tuple(notes))

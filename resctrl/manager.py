@@ -57,6 +57,27 @@ class MoveResult:
     gone: int = 0  # ESRCH: exited before we got to them
     foreign: int = 0  # in a control group that is not ours: left alone
     degraded: str = ""  # why the requested class could not be used
+    error: str = ""  # a kernel refusal for this container (assign_many only)
+
+
+class _Members:
+    """Tasks of control groups read once per sweep and kept up to date with our own writes."""
+
+    def __init__(self, fs: ResctrlFs) -> None:
+        self.fs = fs
+        self.cache: dict[str, set[int]] = {}
+
+    def get(self, group: str) -> set[int]:
+        if group not in self.cache:
+            self.cache[group] = self.fs.tasks(group)
+        return self.cache[group]
+
+    def moved(self, group: str, tids: list[int]) -> None:
+        for g, have in self.cache.items():
+            if g == group:
+                have.update(tids)
+            else:
+                have.difference_update(tids)
 
 
 class ResctrlManager:
@@ -99,6 +120,14 @@ class ResctrlManager:
             self._write_root()
         return StartReport(created=tuple(created), reused=tuple(reused), removed=tuple(removed), kept=kept,
                            degraded=dict(self.degraded), warnings=self.resolution.warnings)
+
+    def reconfigure(self, resolution: Resolution) -> StartReport:
+        """Apply a reloaded configuration: new classes created, schemata rewritten, retired
+        classes left to empty (the next sweep moves their containers) and then collected."""
+        self.resolution = resolution
+        self.class_groups.clear()
+        self.degraded.clear()
+        return self.start()
 
     def _wanted(self) -> dict[str, str]:
         """class -> group name, for the classes that have schemata on this node."""
@@ -203,20 +232,40 @@ class ResctrlManager:
 
     def assign(self, container_id: str, cls: str | None, tids: Iterable[int]) -> MoveResult:
         """Put every thread of the container in the class's group (re-sweep: only missing ones)."""
-        group, why = self.target(cls)
-        tids = sorted(set(tids))
         with self.fs.lock():
-            if group:
-                missing = [t for t in tids if t not in self.fs.tasks(group)]
-            else:
-                ours = set().union(*(self.fs.tasks(g) for g in self.class_groups.values())) if self.class_groups else set()
-                missing = [t for t in tids if t in ours or self.placement.get(container_id, "") != ""]
-            moved, gone = self._write_tids(group, missing)
-            previous = self.placement.get(container_id)
-            self.placement[container_id] = group
-            self.classes[container_id] = cls
-            if container_id in self.mon:
-                self._follow_monitor(container_id, group, previous, tids)
+            return self._assign_one(container_id, cls, sorted(set(tids)), _Members(self.fs))
+
+    def assign_many(self, items: Iterable[tuple[str, str | None, Iterable[int]]]) -> list[MoveResult]:
+        """`assign` for a whole cycle under one lock, reading each group's tasks once.
+
+        A kernel error for one container is recorded in its result (`error`), not raised."""
+        out = []
+        with self.fs.lock():
+            members = _Members(self.fs)
+            for cid, cls, tids in items:
+                try:
+                    out.append(self._assign_one(cid, cls, sorted(set(tids)), members))
+                except ResctrlError as e:
+                    out.append(MoveResult(container=cid, group=self.placement.get(cid, ""), error=str(e)))
+                    members.cache.clear()  # a failed write leaves the kernel's view uncertain
+        return out
+
+    def _assign_one(self, container_id: str, cls: str | None, tids: list[int], members: _Members) -> MoveResult:
+        group, why = self.target(cls)
+        if group:
+            have = members.get(group)
+            missing = [t for t in tids if t not in have]
+        else:
+            ours: set[int] = set().union(*(members.get(g) for g in self.class_groups.values()))
+            was_ours = self.placement.get(container_id, "") != ""
+            missing = [t for t in tids if was_ours or t in ours]
+        moved, gone = self._write_tids(group, missing)
+        members.moved(group, missing)
+        previous = self.placement.get(container_id)
+        self.placement[container_id] = group
+        self.classes[container_id] = cls
+        if container_id in self.mon:
+            self._follow_monitor(container_id, group, previous, tids)
         return MoveResult(container=container_id, group=group, moved=moved, gone=gone, degraded=why)
 
     def _write_tids(self, group: str, tids: Iterable[int]) -> tuple[int, int]:

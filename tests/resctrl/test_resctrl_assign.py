@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,8 +50,10 @@ def test_resweep_catches_a_thread_created_after_the_first_sweep(emulator, thread
     m = open_on(emu, CLASSES).manager
     proc = threaded(2)
     late = max(proc.tids())
+    time.sleep(0.05)  # the emulator infers inheritance from start times in clock ticks (10 ms)
     m.assign("c1", "gold", [t for t in proc.tids() if t != late])  # the fork race: `late` was not listed yet
     assert late not in tasks(emu, "perfbalance.gold")
+    time.sleep(0.05)
     proc.spawn_thread()  # created by the (moved) main thread: inherits gold, as in the kernel
     again = m.assign("c1", "gold", proc.tids())
     assert tasks(emu, "perfbalance.gold") == set(proc.tids())
@@ -293,3 +296,31 @@ def test_a_container_leaving_its_class_goes_back_to_the_root_group(emulator, thr
     m.assign("c1", "gold", proc.tids())
     m.assign("c1", None, proc.tids())
     assert not tasks(emu, "perfbalance.gold") and set(proc.tids()) <= tasks(emu, "")
+
+
+def test_sweep_moves_every_container_and_notes_degraded_classes(emulator, threaded) -> None:
+    emu = emulator("full", num_closids=2)  # bronze does not fit
+    text = CLASSES.replace("{guaranteed: gold}", "{guaranteed: gold, besteffort: bronze}")
+    act = ResctrlActuator(manager=open_on(emu, text).manager)
+    a, b = threaded(2), threaded(2)
+    procs = {"a": a, "b": b}
+    report = act.sweep([container("a", qos="guaranteed"), container("b", qos="besteffort")], lambda c: procs[c.id].tids())
+    assert tasks(emu, "perfbalance.gold") == set(a.tids())
+    assert not report.errors and any(n.startswith("b: ") and "out of CLOSIDs" in n for n in report.notes)
+
+
+def test_reload_retires_a_class_once_its_containers_left_it(emulator, threaded) -> None:
+    from resctrl.resolve import resolve
+    from rchelpers import config
+    emu = emulator("full")
+    m = open_on(emu, CLASSES).manager
+    act = ResctrlActuator(manager=m)
+    proc = threaded(2)
+    c = container("c1", qos="guaranteed")
+    act.sweep([c], lambda _: proc.tids())
+    new = config("classes: {silver: {l3: '25%'}}\nqos_classes: {guaranteed: silver}")
+    report = m.reconfigure(resolve(new, m.info))
+    assert "perfbalance.gold" in report.kept  # still has the container's threads
+    sweep = act.sweep([c], lambda _: proc.tids())
+    assert tasks(emu, "perfbalance.silver") == set(proc.tids())
+    assert "perfbalance.gold" in sweep.removed and not (emu.mount / "perfbalance.gold").exists()

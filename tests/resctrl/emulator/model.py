@@ -407,7 +407,7 @@ class Resctrl:
         cst = self.proc.stat(creator) if creator > 0 else None
         if cst is not None:
             cstate = self.tasks.get(creator)
-            if cstate is not None and cstate.start == cst[2] and start >= cstate.moved_at:
+            if cstate is not None and cstate.start == cst[2] and start > cstate.moved_at:  # same tick: ambiguous, not inherited
                 return cstate.ctrl, cstate.mon
             if cstate is None and creator != tid:
                 ctrl, mon = self._state(creator, cst, depth + 1)
