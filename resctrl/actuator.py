@@ -9,6 +9,7 @@ left behind. Kernel refusals come out as ResctrlError carrying info/last_cmd_sta
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ class ResctrlActuator:
     def apply_class(self, container: Container, class_name: str | None, tids: Iterable[int]) -> MoveResult:
         """Move the container's threads to `class_name` (None: the root group). Raises ResctrlError."""
         if class_name is not None and class_name not in self.manager.resolution.classes:
-            raise ResctrlError(f"assign {container.id} to class", class_name, 22, "class is not configured")
+            raise ResctrlError(f"assign {container.id} to class", class_name, errno.EINVAL, "class is not configured")
         self.overrides[container.id] = class_name
         return self.manager.assign(container.id, class_name, tids)
 

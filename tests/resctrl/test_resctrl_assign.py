@@ -324,3 +324,20 @@ def test_reload_retires_a_class_once_its_containers_left_it(emulator, threaded) 
     sweep = act.sweep([c], lambda _: proc.tids())
     assert tasks(emu, "perfbalance.silver") == set(proc.tids())
     assert "perfbalance.gold" in sweep.removed and not (emu.mount / "perfbalance.gold").exists()
+
+
+@pytest.mark.root
+def test_threads_are_listed_from_a_real_cgroup(threaded) -> None:
+    from resctrl.tids import cgroup_tids
+    unified = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+    rel = f"pbtest-resctrl-{os.getpid()}"
+    path = os.path.join(unified, rel)
+    os.mkdir(path)
+    proc = threaded(3)
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(proc.pid))
+        assert cgroup_tids("/sys/fs/cgroup", rel) == proc.tids()
+    finally:
+        proc.stop()
+        os.rmdir(path)
