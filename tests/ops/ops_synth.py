@@ -34,7 +34,9 @@ WEB = ContainerSample(container=container("c-web", "web", "frontend-7d9f", "ngin
 DB = ContainerSample(container=container("c-db", "db", "postgres-0", "pg", "2-3,6-7", "lc"), metrics={
     "cpu_usage_cores": 3.1, "cpu_seconds_total": 5000.0, "avx512_active_ratio": 0.01, "ipc": 0.6,
     "llc_mpki": 12.5, "memory_bandwidth_bytes_per_second": 9.0e9, "mbm_total_bytes_total": 7.5e13,
-    "llc_occupancy_bytes": 20 << 20})
+    "mbm_local_bytes_total": 7.0e13, "llc_occupancy_bytes": 20 << 20, "llc_references_total": 4.0e11,
+    "cpu_throttled_ratio": 0.05, "cpu_throttled_seconds_total": 12.0, "psi_cpu_some": 0.02,
+    "psi_memory_some": 0.01, "memory_bytes": 8 << 30})
 
 
 def snapshot(samples: tuple[ContainerSample, ...] = (TRAINER, WEB, DB), *, cycle: int = 7,

@@ -172,3 +172,28 @@ def test_state_json_is_strict_json_with_the_report_and_the_view() -> None:
     assert doc["view"]["decisions"][0]["reason"] == s.MOVE_REASON
     assert doc["view"]["decisions"][0]["name"] == "web/frontend-7d9f/nginx"
     assert len(doc["view"]["cpus"]) == 8
+
+
+def full_exposition() -> str:
+    st = s.state()
+    st.extra["mqtt"] = {"configured": 1}
+    st.action_errors_total["EINVAL"] += 1
+    st.collector_errors_total["cgroup"] += 1
+    return generate_latest(make_registry(st, bandwidth_peak=1e10)).decode()
+
+
+def documented() -> set[str]:
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    return set(re.findall(r"^\| `(perfbalance_[a-z0-9_]+)` \|", doc, re.M))
+
+
+def test_every_exported_metric_is_documented() -> None:
+    names = {f.name + ("_total" if f.type == "counter" else "")
+             for f in text_string_to_metric_families(full_exposition())}
+    assert names - documented() == set()
+
+
+def test_every_documented_metric_is_exported() -> None:
+    exposed = set(re.findall(r"^(perfbalance_[a-z0-9_]+)", full_exposition(), re.M))
+    assert documented() - exposed == set()
