@@ -46,7 +46,7 @@ class Parts:
         self.kubelet: KubeletState = KubeletState()
         self.collectors: list[Collector] = []
         self._collector_errors: list[str] = []
-        self._reported_down: set[str] = set()
+        self._last_status: dict[str, tuple[bool, str]] = {}
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
         self.resctrl = self._make_resctrl()
@@ -83,11 +83,14 @@ class Parts:
                            cgroupfs=self.cgfs)
 
     def _log_status(self, name: str, status: CollectorStatus) -> None:
+        """Log a collector's state once per change, never per cycle."""
+        key = (status.up, status.reason)
+        if self._last_status.get(name) == key:
+            return
+        self._last_status[name] = key
         if status.up:
-            self._reported_down.discard(name)
-            log.info("collector %s up %s", name, status.reason)
-        elif name not in self._reported_down:
-            self._reported_down.add(name)
+            log.info("collector %s up%s", name, f" ({status.reason})" if status.reason else "")
+        else:
             log.warning("collector %s down: %s", name, status.reason)
 
     def reconfigure(self, config: Config) -> None:
@@ -133,7 +136,7 @@ class Parts:
             for cid, metrics in got.items():
                 if cid in merged:
                     merged[cid].update(metrics)
-        from collectors.derive import derive
+        from agent.collector_set import derive
 
         for cid, metrics in merged.items():
             metrics.update(derive(metrics))

@@ -225,7 +225,11 @@ class CgroupStatsCollector:
         try:
             return f.read(rel, controller, name)
         except ContainerGone:
-            if not os.path.isdir(self.cgroupfs.dir(rel, controller)):
+            # Gone only if the container's CPU cgroup is gone too: a container need not have a
+            # cgroup in every hierarchy of a hybrid host (e.g. none in v1 memory).
+            if os.path.isdir(self.cgroupfs.dir(rel, controller)):
+                return None
+            if not os.path.isdir(self.cgroupfs.dir(rel, "cpu" if self._cpu_v1 else None)):
                 raise
             return None
 

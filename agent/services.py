@@ -1,0 +1,63 @@
+"""Long-running services beside the cycle loop: the HTTP endpoint and the MQTT publisher.
+
+Each is started guarded: a service that cannot start (port taken, broker down) is logged and
+the agent runs on without it; stop is bounded by the loop's grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent.config import Config
+from agent.report import AgentState
+
+if TYPE_CHECKING:
+    from agent.parts import Parts
+
+log = logging.getLogger("perfbalance.services")
+
+
+async def start_services(parts: Parts, state: AgentState, config: Config) -> list[Any]:
+    services: list[Any] = []
+    if config.metrics.enabled:
+        from agent.http import NodeServer
+
+        try:
+            server = NodeServer(state, listen=config.metrics.listen,
+                                stale_after=max(30.0, 3 * config.agent.interval_seconds))
+            server.start()
+            log.info("serving metrics and the node view on %s", server.url)
+            services.append(server)
+        except OSError as e:
+            log.error("cannot serve on %s: %s; running without the HTTP endpoint", config.metrics.listen, e)
+    if config.mqtt.enabled:
+        from agent.mqtt import MqttPublisher
+
+        publisher = MqttPublisher(config.mqtt, node=state.node, state=state)
+        task = asyncio.create_task(publisher.run(), name="mqtt-publisher")
+        task.add_done_callback(_log_crash)
+        parts._mqtt = publisher
+        services.append((publisher, task))
+    return services
+
+
+def _log_crash(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s crashed: %r", task.get_name(), task.exception())
+
+
+async def stop_services(services: Sequence[Any]) -> None:
+    for s in services:
+        if isinstance(s, tuple):
+            publisher, task = s
+            await publisher.stop()
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        else:
+            await asyncio.to_thread(s.stop)
