@@ -42,7 +42,8 @@ class RebalancerConfig:
     avx512_heavy_threshold: float = setting(0.5, "Smoothed avx512_heavy above which a container is treated as AVX-512-heavy.", min=0.0, max=1.0)
     avx512_license_loss: Mapping[str, float] = setting(factory=lambda: dict(DEFAULT_LICENSE_LOSS), doc="Frequency loss (0..1) while a core holds an AVX-512 license, by substring of the CPU model name (longest match wins).")
     avx512_default_loss: float = setting(0.10, "Frequency loss for CPU models not in the table.", min=0.0, max=1.0)
-    island_headroom: float = setting(0.10, "Extra CPU capacity, as a fraction of smoothed usage, given to an AVX-512 island.", min=0.0, max=4.0)
+    island_headroom: float = setting(0.0, "Extra CPU capacity, as a fraction of smoothed usage, given to a container the allocator places (AVX-512 islands, relocations).", min=0.0, max=4.0)
+    size_tolerance_cores: float = setting(0.10, "Usage this close above a whole CPU does not round up to one more CPU (a busy loop measured at 1.03 cores needs 1 CPU).", min=0.0, max=1.0)
     # LLC
     llc_alpha: float = setting(0.5, "Exponent of the miss-rate curve M(C) = M0 (C/C0)^-alpha (the sqrt-2 rule).", min=0.0, max=2.0)
     llc_aggressor_misses_per_second: float = setting(5e6, "Smoothed LLC misses per second above which a container is a cache aggressor.", min=0.0)

@@ -48,17 +48,17 @@ class Context:
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
 
-    def need_mcpu(self, cid: str) -> int:
-        """CPU a container should be given: its request, or its usage plus headroom if larger."""
-        v = self.views[cid]
-        used = mcpu.from_cores(v.usage * (1.0 + self.config.island_headroom))
-        return max(v.request_mcpu, used, 1)
-
     def need_cpus(self, ids: list[str]) -> int:
-        """Whole CPUs for several containers: milli-CPU summed, rounded up once."""
-        return max(1, mcpu.to_cpus(mcpu.total(self.need_mcpu(c) for c in ids)))
+        """Whole CPUs for containers: their requests, or their usage plus headroom if larger.
 
-
+        Milli-CPU amounts are summed and rounded up once; usage within `size_tolerance_cores`
+        above a whole CPU does not round up (measurement jitter of a busy loop).
+        """
+        cfg = self.config
+        requests = mcpu.total(self.views[c].request_mcpu for c in ids)
+        used = mcpu.total(mcpu.from_cores(self.views[c].usage * (1.0 + cfg.island_headroom)) for c in ids)
+        used = max(0, used - mcpu.from_cores(cfg.size_tolerance_cores))
+        return max(1, mcpu.to_cpus(requests), mcpu.to_cpus(used))
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:
     """Why a container may not move now ("" when it may)."""

@@ -59,20 +59,27 @@ class Layout:
 
     def moved(self, model: CostModel, cpus: Mapping[str, frozenset[int]],
               classes: Mapping[str, str] | None = None) -> Layout:
-        placement = dict(self.placement)
-        placement.update(cpus)
-        new_classes = dict(self.classes)
-        new_classes.update(classes or {})
+        """A new layout with some containers moved (layouts are never mutated: unchanged dicts
+        are shared between them)."""
+        placement = self.placement
+        if cpus:
+            placement = dict(placement)
+            placement.update(cpus)
+        new_classes = self.classes
+        if classes:
+            new_classes = dict(new_classes)
+            new_classes.update(classes)
         groups = dict(self.groups)
         touched = set(cpus) | set(classes or {})
-        dirty = {self.placement[c] for c in touched} | {placement[c] for c in touched}
-        members: dict[frozenset[int], set[str]] = {
-            k: set(groups[k].members) if k in groups else set() for k in dirty}
+        leaving: dict[frozenset[int], set[str]] = {}
+        joining: dict[frozenset[int], set[str]] = {}
         for cid in touched:
-            members[self.placement[cid]].discard(cid)
-        for cid in touched:
-            members[placement[cid]].add(cid)
-        for k, ids in members.items():
+            leaving.setdefault(self.placement[cid], set()).add(cid)
+            joining.setdefault(placement[cid], set()).add(cid)
+        for k in leaving.keys() | joining.keys():
+            old = groups[k].members if k in groups else []
+            ids = [m for m in old if m not in leaving.get(k, ())] if k in leaving else list(old)
+            ids += joining.get(k, ())
             if ids:
                 groups[k] = model.build_group(ids, new_classes)
             else:

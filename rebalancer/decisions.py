@@ -218,12 +218,24 @@ def _relocations(ctx: Context, layout: Layout, cid: str, domains: Mapping[int, f
     for d, cpus in domains.items():
         if here <= cpus:
             continue
-        got = allocate(ctx.idx, (cpus & ctx.free) - avx_island, ctx.need_cpus([cid]),
-                       prefer_nodes=_prefer_nodes(ctx, cpus), high_priority=sensitive)
+        usable = (cpus & ctx.free) - avx_island
+        claimed = _claimed(layout, cid, usable)
+        need = ctx.need_cpus([cid])
+        kw = {"prefer_nodes": _prefer_nodes(ctx, cpus), "high_priority": sensitive}
+        got = allocate(ctx.idx, usable - claimed, need, **kw) or allocate(ctx.idx, usable, need, **kw)
         if got is not None and got != here:
             out.append(Decision(kind=kind, primary=cid, cpus={cid: got}, allocated=frozenset({cid}),
                                 reason=f"{reason} {d} ({_fmt(got)})"))
     return out
+
+
+def _claimed(layout: Layout, cid: str, usable: frozenset[int]) -> frozenset[int]:
+    """CPUs other containers are pinned to inside `usable` (avoided when there is a choice)."""
+    out: set[int] = set()
+    for k, g in layout.groups.items():
+        if k & usable and not usable <= k and g.members != [cid]:
+            out |= k
+    return frozenset(out)
 
 
 def _fmt(cpus: frozenset[int]) -> str:

@@ -133,9 +133,8 @@ def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, d: Decis
     benefit = ev.total - ev2.total
     if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up
         return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0)
-    costs = {}
-    for cid, cpus in d.cpus.items():
-        costs[cid] = move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
+    costs = {cid: move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
+             for cid, cpus in d.cpus.items()}
     for cid in d.classes:
         occ = ctx.views[cid].occupancy or 0.0
         costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)

@@ -54,6 +54,7 @@ class Scenario:
     unit: str = "core"  # optimum family: unions of "core" or "node"
     pmu: bool = True
     noise: float = 0.0
+    planner: RebalancerConfig = RebalancerConfig()  # what the operator configured for this node
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +95,7 @@ def run_placement_tag(sc: Scenario) -> Result:
 
 
 def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None) -> Result:
-    return _run(sc, lambda w, cpus, live: cpus, config or RebalancerConfig())
+    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner)
 
 
 def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
@@ -262,8 +263,9 @@ def bandwidth_hog() -> Scenario:
           Workload(id="stream-1", demand=1.0, request_mcpu=1000, **hog),  # type: ignore[arg-type]
           Workload(id="db", demand=1.0, request_mcpu=1000, mpki_ref=8.0, working_set=1 * GIB, victim=True),
           Workload(id="api", demand=1.0, request_mcpu=1000, mpki_ref=3.0, working_set=256 * MIB, victim=True))
-    return Scenario(name="bandwidth_hog", node=_node(topo, bandwidth_per_node=12e9), workloads=ws,
-                    initial={w.id: node0 for w in ws}, unit="node")
+    return Scenario(name="bandwidth_hog", node=_node(topo, bandwidth_per_node=4e9), workloads=ws,
+                    initial={w.id: node0 for w in ws}, unit="node",
+                    planner=RebalancerConfig(memory_bandwidth_per_node=4e9))
 
 
 def churn() -> Scenario:
