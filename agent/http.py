@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from agent.config import Config
 from agent.exporter import make_registry, state_json
 from agent.report import AgentState
 from perfbalance.errors import ConfigError
@@ -131,6 +132,24 @@ class NodeServer:
 def serve_http(state: AgentState, listen: str, **kw: Any) -> NodeServer:
     """Create and start the server; see NodeServer for the keyword arguments."""
     return NodeServer(state, listen=listen, **kw).start()
+
+
+def stale_after(config: Config) -> float:
+    """metrics.stale_after_seconds, or 3 cycles (at least 30 s) when it is 0."""
+    return config.metrics.stale_after_seconds or max(30.0, 3 * config.agent.interval_seconds)
+
+
+def serve_from_config(state: AgentState, config: Config) -> NodeServer | None:
+    """What the agent loop calls once at start: None when metrics.enabled is false.
+
+    Raises ConfigError when the address cannot be bound. A changed `metrics:` section takes
+    effect at the next start (the listening socket is not moved on reload).
+    """
+    m = config.metrics
+    if not m.enabled:
+        return None
+    return serve_http(state, m.listen, stale_after=stale_after(config), node_view=m.node_view,
+                      bandwidth_peak=m.memory_bandwidth_peak_bytes_per_second)
 
 
 def _load_static(static_dir: Path) -> dict[str, tuple[bytes, str]]:

@@ -133,3 +133,18 @@ def test_listen_addresses_parse(text: str, want: tuple[str, int]) -> None:
 def test_bad_listen_addresses_are_rejected(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_listen(text)
+
+
+def test_server_starts_from_the_agent_config(state: AgentState) -> None:
+    from agent.config import parse_config
+    from agent.http import serve_from_config, stale_after
+    cfg = parse_config("agent: {interval_seconds: 20}\nmetrics: {listen: '127.0.0.1:0', node_view: false}",
+                       source="t", node="n")
+    srv = serve_from_config(state, cfg)
+    assert srv is not None
+    try:
+        assert srv.stale_after == stale_after(cfg) == 60.0
+        assert get(srv, "/")[0] == 404 and get(srv, "/metrics")[0] == 200
+    finally:
+        srv.stop()
+    assert serve_from_config(state, parse_config("metrics: {enabled: false}", source="t", node="n")) is None
