@@ -155,3 +155,20 @@ def test_numa_migration_cost_is_charged_when_mems_change(config: RebalancerConfi
                                     for c in s.containers))
     a = plan(s, config, None, s.time).actions[0]
     assert a.detail["migration_seconds"] == pytest.approx((4 << 30) / config.migration_bandwidth)
+
+
+def test_two_cpu_node_without_smt_isolates_avx_on_one_cpu() -> None:
+    """This development VM: 2 CPUs, one core each, AMD (no license by default; configured here)."""
+    t = topo(cores=2, threads=1, model="AMD EPYC")
+    s = snap(t, sample("avx", "0-1", cpu_usage_cores=1.03, avx512_heavy=1.0),
+             sample("scalar", "0-1", cpu_usage_cores=0.98))
+    p = plan(s, RebalancerConfig(avx512_license_loss={"AMD EPYC": 0.1}), None, s.time)
+    targets = {a.container: a.to for a in p.actions}
+    assert targets in ({"avx": "0", "scalar": "1"}, {"avx": "1", "scalar": "0"})
+
+
+def test_amd_default_has_no_license_so_nothing_moves() -> None:
+    t = topo(cores=2, threads=1, model="AMD EPYC")
+    s = snap(t, sample("avx", "0-1", cpu_usage_cores=1.03, avx512_heavy=1.0),
+             sample("scalar", "0-1", cpu_usage_cores=0.98))
+    assert plan(s, RebalancerConfig(), None, s.time).actions == ()
