@@ -52,14 +52,18 @@ def terminate(proc: subprocess.Popen[bytes] | None) -> None:
 class Mosquitto:
     """A mosquitto broker with on-disk persistence, restartable on the same port."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: tuple[Path, Path, Path] | None = None,
+                 password_file: Path | None = None) -> None:
+        """tls: (ca, cert, key) for a TLS-only listener; password_file: require these users."""
         self.dir = workdir
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         (workdir / "data").mkdir(exist_ok=True)
         self.conf = workdir / "mosquitto.conf"
+        auth = f"allow_anonymous false\npassword_file {password_file}\n" if password_file else "allow_anonymous true\n"
+        certs = f"cafile {tls[0]}\ncertfile {tls[1]}\nkeyfile {tls[2]}\n" if tls else ""
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nuser root\n"
+            f"per_listener_settings false\nlistener {self.port} 127.0.0.1\n{certs}{auth}user root\n"
             f"persistence true\npersistence_location {workdir / 'data'}/\nautosave_interval 1\n"
             f"log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n")
 
@@ -120,3 +124,17 @@ class Prometheus:
     def stop(self) -> None:
         terminate(self.proc)
         self.proc = None
+
+
+def self_signed(workdir: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for `host` (IP SAN), made with openssl."""
+    ca_key, ca, key, csr, cert = (workdir / n for n in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt"))
+    ext = workdir / "san.ext"
+    ext.write_text(f"subjectAltName=IP:{host}\n")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=60)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pbtest-ca",
+        "-keyout", str(ca_key), "-out", str(ca))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(key), "-out", str(csr))
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-days", "1", "-extfile", str(ext), "-out", str(cert))
+    return ca, cert, key

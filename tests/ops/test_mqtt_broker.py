@@ -182,3 +182,49 @@ async def _until(what: Callable[[], bool], timeout: float = 30.0) -> None:
         while not what():
             await asyncio.sleep(0.05)
     await asyncio.wait_for(poll(), timeout)
+
+
+async def test_events_reach_a_tls_broker_with_credentials_from_files(tmp_path: Path) -> None:
+    from ops_servers import self_signed
+    ca, cert, key = self_signed(tmp_path)
+    users = tmp_path / "users"
+    users.write_text("")
+    subprocess.run(["mosquitto_passwd", "-b", str(users), "agent", "s3cret"], check=True, timeout=30)
+    (tmp_path / "username").write_text("agent\n")
+    (tmp_path / "password").write_text("s3cret\n")
+    broker = Mosquitto(tmp_path, tls=(ca, cert, key), password_file=users).start()
+    conf = MqttSection(enabled=True, host="127.0.0.1", port=broker.port, tls=True, ca_file=str(ca),
+                       username_file=str(tmp_path / "username"), password_file=str(tmp_path / "password"),
+                       reconnect_max_seconds=0.5)
+    pub = MqttPublisher(conf, "node-a", s.state())
+    task = asyncio.create_task(pub.run(), name="mqtt")
+    try:
+        tls = aiomqtt.TLSParameters(ca_certs=str(ca))
+        async with aiomqtt.Client("127.0.0.1", broker.port, username="agent", password="s3cret", tls_params=tls) as c:
+            await c.subscribe(EVENTS, qos=1)
+            pub.publish(s.applied())
+            msg = await asyncio.wait_for(anext(aiter(c.messages)), 30)
+        assert json.loads(msg.payload)["event_id"] == "ev-1"
+    finally:
+        await pub.stop()
+        await asyncio.wait_for(task, 15)
+        broker.stop()
+
+
+async def test_wrong_password_is_reported_not_fatal(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("")
+    subprocess.run(["mosquitto_passwd", "-b", str(users), "agent", "right"], check=True, timeout=30)
+    broker = Mosquitto(tmp_path, password_file=users).start()
+    conf = MqttSection(enabled=True, host="127.0.0.1", port=broker.port, username="agent", password="wrong",
+                       reconnect_max_seconds=0.2)
+    pub = MqttPublisher(conf, "node-a", s.state())
+    task = asyncio.create_task(pub.run(), name="mqtt")
+    try:
+        pub.publish(s.applied())
+        await _until(lambda: pub.stats["errors"] >= 2)
+        assert pub.stats["connected"] == 0 and pub.stats["queue"] == 1 and not task.done()
+    finally:
+        await pub.stop()
+        await asyncio.wait_for(task, 15)
+        broker.stop()
