@@ -17,6 +17,12 @@ Containers carry `cgroup` relative to the root *without* the controller prefix; 
 controller)` maps it to an absolute directory. ENOENT/ENODEV/ESRCH on a cgroup file mean the
 container went away between two reads and become `ContainerGone`.
 
+Every file and directory is opened relative to its hierarchy's root without following symlinks
+and without crossing a mount (perfbalance.safefs): a symlink planted in a delegated subtree is
+refused (CgroupPathRefused), never followed. With `verify_fs` on (the default when the hierarchies
+are real cgroup mounts) each opened file must also be on cgroup/cgroup2 (statfs magic), and a
+root whose hierarchies are not cgroup filesystems is refused at construction.
+
 The file also holds pure parsers for the cgroup stat files (cpu.stat, cpuacct.usage, memory.*,
 cpu.max, PSI) used by discovery and the cgroup-stats collector.
 """
@@ -32,6 +38,8 @@ from typing import Literal
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
+from perfbalance.safefs import (CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic,
+                                magic_name, read_bounded)
 
 Layout = Literal["v1", "v2", "hybrid"]
 
@@ -52,6 +60,14 @@ class CgroupfsError(PerfbalanceError):
         super().__init__(f"cgroup {op} {path} failed ({name})" + (f": {detail}" if detail else ""))
 
 
+class CgroupPathRefused(CgroupfsError):
+    """A cgroup path leads through a symlink, across a mount, or off a cgroup filesystem."""
+
+    def __init__(self, op: str, path: str, reason: str) -> None:
+        super().__init__(op, path, errno.ELOOP, reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True, kw_only=True)
 class Hierarchy:
     """One mounted cgroup hierarchy: where it is and which controllers it carries."""
@@ -59,6 +75,10 @@ class Hierarchy:
     path: str  # absolute directory of its root cgroup
     version: int  # 1 or 2
     controllers: frozenset[str]
+
+    @property
+    def magic(self) -> int:
+        return CGROUP2_SUPER_MAGIC if self.version == 2 else CGROUP_SUPER_MAGIC
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +158,7 @@ def _v1_hierarchies(root: str) -> tuple[Hierarchy, ...]:
 # ---------------------------------------------------------------------------------------------
 
 def _read_text(path: str, limit: int) -> str:
+    """Layout detection only (files at the trusted root); cgroups go through SafeTree."""
     with open(path, "rb") as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
@@ -145,13 +166,47 @@ def _read_text(path: str, limit: int) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def _verify(hierarchies: Sequence[Hierarchy], verify_fs: bool | None) -> bool:
+    """Whether to require cgroup magic: asked, or auto (any hierarchy is a real cgroup mount).
+
+    In auto mode a tree where some hierarchies are cgroup mounts and others are not is refused:
+    a plain directory posing as a controller next to real ones is not a layout we write into.
+    """
+    if verify_fs is False:
+        return False
+    found = {h.path: _magic_or_zero(h.path) for h in hierarchies}
+    if verify_fs is None and not any(m in (CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC) for m in found.values()):
+        return False
+    for h in hierarchies:
+        if found[h.path] != h.magic:
+            raise UnsafePath(h.path, f"cgroup v{h.version} hierarchy is on a {magic_name(found[h.path])} "
+                                     f"filesystem, not {magic_name(h.magic)}")
+    return True
+
+
+def _magic_or_zero(path: str) -> int:
+    try:
+        return fs_magic(path)
+    except OSError:
+        return 0
+
+
 class Cgroupfs:
     """The cgroup filesystems under one root (see the module docstring for layouts)."""
 
-    def __init__(self, *, root: str = "/sys/fs/cgroup") -> None:
+    def __init__(self, *, root: str = "/sys/fs/cgroup", verify_fs: bool | None = None) -> None:
+        """`verify_fs`: require cgroup/cgroup2 statfs magic on every hierarchy and opened file
+        (None: when the hierarchies are real cgroup mounts, so plain temp trees work in tests)."""
         self.root = os.path.abspath(root)
         self.layout: Layout
         self.layout, self.hierarchies = detect(self.root)
+        self.verify_fs = _verify(self.hierarchies, verify_fs)
+        self._trees = {h.path: SafeTree(h.path, magic=h.magic if self.verify_fs else None)
+                       for h in self.hierarchies}
         self._by_controller: dict[str, Hierarchy] = {}
         for h in self.hierarchies:  # v1 first: a controller bound to v1 is not usable in v2
             for c in sorted(h.controllers):
@@ -196,6 +251,13 @@ class Cgroupfs:
         base = self.hierarchy(controller).path
         return os.path.join(base, rel) if rel else base
 
+    def _loc(self, rel: str, controller: str | None) -> tuple[SafeTree, str]:
+        """The hierarchy's SafeTree and the normalised relative path of cgroup `rel` in it."""
+        return self._trees[self.hierarchy(controller).path], check_rel(rel)
+
+    def _tree(self, h: Hierarchy) -> SafeTree:
+        return self._trees[h.path]
+
     def relevant(self, controllers: Sequence[str] | None = None) -> tuple[Hierarchy, ...]:
         """Hierarchies for `controllers` (None: all) plus the v2 one, deduplicated, v2 last."""
         if controllers is None:
@@ -214,27 +276,72 @@ class Cgroupfs:
         candidates: list[str | None] = [None] if self._v2 is not None else []
         candidates += [c for c in PRIMARY_ORDER if c in self._by_controller]
         for c in candidates:
-            d = self.dir(rel, c)
-            if os.path.isdir(d):
-                return d
+            tree, r = self._loc(rel, c)
+            if self._isdir(tree, r, "stat"):
+                return tree.path(r)
         raise ContainerGone(rel or "/", "cgroup directory not found in any hierarchy")
 
     def exists(self, rel: str, controller: str | None = None) -> bool:
-        return os.path.isdir(self.dir(rel, controller))
+        tree, r = self._loc(rel, controller)
+        return self._isdir(tree, r, "stat")
+
+    @staticmethod
+    def _isdir(tree: SafeTree, r: str, op: str) -> bool:
+        """A real directory (no symlink anywhere); a symlink is refused, not "absent"."""
+        try:
+            fd = tree.open(r, os.O_PATH | os.O_DIRECTORY)
+        except UnsafePath as e:
+            raise CgroupPathRefused(op, e.path, e.reason) from None
+        except OSError:
+            return False
+        os.close(fd)
+        return True
+
+    # -- opening (for callers that keep descriptors: the cgroup-stats cache, perf cgroup fds) --
+    def open_file(self, rel: str, controller: str | None, name: str, flags: int = os.O_RDONLY) -> int:
+        """An fd for one control file (O_CLOEXEC), opened without symlinks; gone -> ContainerGone."""
+        tree, r = self._loc(rel, controller)
+        return self._open(tree, r, _join(r, check_name(name)), flags, rel, "open")
+
+    def open_dir(self, rel: str, controller: str | None = None) -> int:
+        """An O_RDONLY|O_DIRECTORY fd of the cgroup directory (perf_event_open's cgroup fd)."""
+        tree, r = self._loc(rel, controller)
+        return self._open(tree, r, r, os.O_RDONLY | os.O_DIRECTORY, rel, "open")
+
+    def _open(self, tree: SafeTree, r: str, target: str, flags: int, rel: str, op: str) -> int:
+        try:
+            return tree.open(target, flags)
+        except UnsafePath as e:
+            raise CgroupPathRefused(op, e.path, e.reason) from None
+        except OSError as e:
+            path = tree.path(target)
+            if e.errno == errno.ENOENT and target != r and self._isdir(tree, r, op):
+                raise CgroupfsError(op, path, e.errno, "no such control file here "
+                                    "(controller not enabled for this cgroup?)") from None
+            if _is_gone(e) or e.errno == errno.ENOTDIR:
+                raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
+            raise CgroupfsError(op, path, e.errno or 0, e.strerror or "") from None
 
     # -- reading --------------------------------------------------------------------------
     def read(self, rel: str, controller: str | None, name: str, *, limit: int = MAX_READ_BYTES) -> str:
         """Read one control file, at most `limit` bytes; a vanished cgroup -> ContainerGone."""
-        path = os.path.join(self.dir(rel, controller), check_name(name))
+        tree, r = self._loc(rel, controller)
+        return self._read_at(tree, r, _join(r, check_name(name)), limit, rel)
+
+    def _read_at(self, tree: SafeTree, r: str, target: str, limit: int, rel: str) -> str:
+        fd = self._open(tree, r, target, os.O_RDONLY, rel, "read")
+        path = tree.path(target)
         try:
-            return _read_text(path, limit)
+            raw = read_bounded(fd, limit, path)
+        except OverflowError:
+            raise ParseError("cgroup file", path, f"larger than {limit} bytes") from None
         except OSError as e:
-            if e.errno == errno.ENOENT and os.path.isdir(os.path.dirname(path)):
-                raise CgroupfsError("read", path, e.errno, "no such control file here "
-                                    "(controller not enabled for this cgroup?)") from None
             if _is_gone(e):
                 raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
             raise CgroupfsError("read", path, e.errno or 0, e.strerror or "") from None
+        finally:
+            os.close(fd)
+        return raw.decode("utf-8", errors="replace")
 
     def read_int(self, rel: str, controller: str | None, name: str) -> int:
         text = self.read(rel, controller, name).strip()
@@ -250,24 +357,25 @@ class Cgroupfs:
 
     def try_read(self, rel: str, controller: str | None, name: str) -> str | None:
         """Like read() but None when the file (not the cgroup) does not exist here."""
-        d = self.dir(rel, controller)
-        if not os.path.exists(os.path.join(d, check_name(name))):
-            if not os.path.isdir(d):
-                raise ContainerGone(rel or "/", f"{d} does not exist")
-            return None
-        return self.read(rel, controller, name)
+        tree, r = self._loc(rel, controller)
+        target = _join(r, check_name(name))
+        try:
+            return self._read_at(tree, r, target, MAX_READ_BYTES, rel)
+        except CgroupfsError as e:
+            if e.errno == errno.ENOENT:
+                return None  # the cgroup is there (checked by _open), the file is not
+            raise
 
     def cgroup_id(self, rel: str) -> int | None:
         """The v2 cgroup id (the directory's inode, what bpf_get_current_cgroup_id returns)."""
         if self._v2 is None:
             return None
-        d = self.dir(rel, None)
+        tree, r = self._loc(rel, None)
+        fd = self._open(tree, r, r, os.O_PATH | os.O_DIRECTORY, rel, "stat")
         try:
-            return os.stat(d).st_ino
-        except OSError as e:
-            if _is_gone(e):
-                raise ContainerGone(rel or "/", f"{d}: {e.strerror}") from None
-            raise CgroupfsError("stat", d, e.errno or 0, e.strerror or "") from None
+            return os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
 
     def pids(self, rel: str, *, recursive: bool = False) -> list[int]:
         """Processes (thread-group leaders) in the cgroup; with `recursive`, also in descendants.
@@ -321,25 +429,31 @@ class Cgroupfs:
 
     def _ids(self, rel: str, name: str, d: str | None = None) -> list[int]:
         d = d or self.primary(rel)
-        path = os.path.join(d, name)
-        try:
-            text = _read_text(path, MAX_LIST_BYTES)
-        except OSError as e:
-            if _is_gone(e):
-                raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
-            raise CgroupfsError("read", path, e.errno or 0, e.strerror or "") from None
-        return parse_id_list(text, source=path)
+        h = self._owner(d)
+        r = check_rel(os.path.relpath(d, h.path)) if d != h.path else ""
+        text = self._read_at(self._tree(h), r, _join(r, name), MAX_LIST_BYTES, rel)
+        return parse_id_list(text, source=os.path.join(d, name))
+
+    def _owner(self, d: str) -> Hierarchy:
+        """The hierarchy whose directory holds absolute path `d` (the deepest match)."""
+        best = [h for h in self.hierarchies if d == h.path or d.startswith(h.path + "/")]
+        if not best:
+            raise FeatureUnavailable("cgroup hierarchy", f"no hierarchy holds {d}")
+        return max(best, key=lambda h: len(h.path))
 
     def children(self, rel: str, controller: str | None = None) -> list[str]:
         """Names of the child cgroups of `rel` (sorted); a vanished parent -> ContainerGone."""
-        d = self.dir(rel, controller)
+        tree, r = self._loc(rel, controller)
+        fd = self._open(tree, r, r, os.O_RDONLY | os.O_DIRECTORY, rel, "list")
         try:
-            with os.scandir(d) as it:
+            with os.scandir(fd) as it:
                 return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except OSError as e:
-            if _is_gone(e) or e.errno == errno.ENOTDIR:
-                raise ContainerGone(rel or "/", f"{d}: {e.strerror}") from None
-            raise CgroupfsError("list", d, e.errno or 0, e.strerror or "") from None
+            if _is_gone(e):
+                raise ContainerGone(rel or "/", f"{tree.path(r)}: {e.strerror}") from None
+            raise CgroupfsError("list", tree.path(r), e.errno or 0, e.strerror or "") from None
+        finally:
+            os.close(fd)
 
     def walk(self, rel: str = "", controller: str | None = None, *,
              max_depth: int = 12) -> Iterator[str]:
@@ -361,13 +475,17 @@ class Cgroupfs:
         Other errnos are left to the caller, which knows what they mean (the cpuset actuator turns
         them into CpusetError).
         """
-        path = os.path.join(self.dir(rel, controller), check_name(name))
+        tree, r = self._loc(rel, controller)
+        target = _join(r, check_name(name))
+        path = tree.path(target)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # O_TRUNC: as `echo >`
+            fd = tree.open(target, os.O_WRONLY | os.O_TRUNC)  # O_TRUNC: as `echo >`
+        except UnsafePath as e:
+            raise CgroupPathRefused("write", e.path, e.reason) from None
         except OSError as e:
-            if e.errno == errno.ENOENT and os.path.isdir(os.path.dirname(path)):
+            if e.errno == errno.ENOENT and self._isdir(tree, r, "write"):
                 raise  # the cgroup is there, the control file is not: not "gone"
-            if _is_gone(e):
+            if _is_gone(e) or e.errno == errno.ENOTDIR:
                 raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
             raise
         try:
@@ -394,34 +512,36 @@ class Cgroupfs:
             self._create_in(h, rel, wanted)
 
     def _create_in(self, h: Hierarchy, rel: str, wanted: Sequence[str] | None) -> None:
+        tree = self._tree(h)
         parts = rel.split("/")
         for i in range(1, len(parts) + 1):
-            parent = os.path.join(h.path, *parts[: i - 1])
-            path = os.path.join(h.path, *parts[:i])
-            if os.path.isdir(path):
+            parent, path = "/".join(parts[: i - 1]), "/".join(parts[:i])
+            if self._isdir(tree, path, "mkdir"):
                 continue
             if h.version == 2:
-                self._enable_subtree(parent, wanted)
+                self._enable_subtree(tree, parent, wanted)
             try:
-                os.mkdir(path, 0o755)
+                tree.mkdir(path, 0o755)  # mkdirat in the symlink-free parent
             except FileExistsError:
                 continue
+            except UnsafePath as e:
+                raise CgroupPathRefused("mkdir", e.path, e.reason) from None
             except OSError as e:
-                raise CgroupfsError("mkdir", path, e.errno or 0, e.strerror or "") from None
+                raise CgroupfsError("mkdir", tree.path(path), e.errno or 0, e.strerror or "") from None
             if h.version == 1 and "cpuset" in h.controllers:
-                _init_v1_cpuset(parent, path)
+                _init_v1_cpuset(tree, parent, path)
 
-    def _enable_subtree(self, parent: str, wanted: Sequence[str] | None) -> None:
+    def _enable_subtree(self, tree: SafeTree, parent: str, wanted: Sequence[str] | None) -> None:
         if not wanted:
             return
         try:
-            avail = set(_read_text(os.path.join(parent, "cgroup.controllers"), MAX_READ_BYTES).split())
-            enabled = set(_read_text(os.path.join(parent, "cgroup.subtree_control"), MAX_READ_BYTES).split())
-        except OSError:
+            avail = set(_tree_text(tree, _join(parent, "cgroup.controllers")).split())
+            enabled = set(_tree_text(tree, _join(parent, "cgroup.subtree_control")).split())
+        except (OSError, UnsafePath, OverflowError):
             return
         missing = [c for c in wanted if c in avail and c not in enabled]
         if missing:
-            _write_path(os.path.join(parent, "cgroup.subtree_control"),
+            _write_tree(tree, _join(parent, "cgroup.subtree_control"),
                         " ".join(f"+{c}" for c in missing), "enable controllers")
 
     def attach(self, rel: str, pid: int, controllers: Sequence[str] | None = None) -> None:
@@ -429,14 +549,17 @@ class Cgroupfs:
         hs = self.relevant([c for c in controllers if self.has(c)]) if controllers is not None \
             else self.hierarchies
         moved = False
+        r = check_rel(rel)
         for h in hs:
-            d = os.path.join(h.path, check_rel(rel))
-            if not os.path.isdir(d):
+            tree = self._tree(h)
+            d = tree.path(r)
+            if not self._isdir(tree, r, "attach"):
                 continue
             try:
-                with open(os.path.join(d, "cgroup.procs"), "w") as f:
-                    f.write(str(int(pid)))
+                tree.write(_join(r, "cgroup.procs"), str(int(pid)).encode())
                 moved = True
+            except UnsafePath as e:
+                raise CgroupPathRefused("attach", e.path, e.reason) from None
             except OSError as e:
                 if e.errno == errno.ESRCH:
                     raise ContainerGone(str(pid), f"process exited before joining {rel}") from None
@@ -456,49 +579,64 @@ class Cgroupfs:
         if not rel:
             raise ParseError("cgroup path", rel, "refusing to remove the root cgroup")
         for h in reversed(self.hierarchies):
-            top = os.path.join(h.path, rel)
-            for path in _depth_first(top):
-                _rmdir_retry(path, retries, delay)
+            tree = self._tree(h)
+            for r in self._depth_first(tree, rel):
+                _rmdir_retry(tree, r, retries, delay)
+
+    def _depth_first(self, tree: SafeTree, top: str, depth: int = 0) -> list[str]:
+        """`top` and its real subdirectories, deepest first (symlinks are never entered)."""
+        if depth > 64 or not self._isdir(tree, top, "rmdir"):
+            return []
+        try:
+            kids = tree.subdirs(top)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise CgroupfsError("list", tree.path(top), e.errno or 0, e.strerror or "") from None
+        out: list[str] = []
+        for k in kids:
+            out += self._depth_first(tree, f"{top}/{k}", depth + 1)
+        return out + [top]
 
 
-def _init_v1_cpuset(parent: str, path: str) -> None:
+def _tree_text(tree: SafeTree, rel: str) -> str:
+    return tree.read(rel, MAX_READ_BYTES).decode("utf-8", errors="replace")
+
+
+def _init_v1_cpuset(tree: SafeTree, parent: str, path: str) -> None:
     for name in ("cpuset.cpus", "cpuset.mems"):
-        src = os.path.join(parent, name)
-        if not os.path.exists(src):
+        try:
+            value = _tree_text(tree, _join(parent, name)).strip()
+        except FileNotFoundError:
             continue
-        value = _read_text(src, MAX_READ_BYTES).strip()
+        except (OSError, UnsafePath, OverflowError) as e:
+            raise CgroupfsError("initialise cpuset", tree.path(_join(parent, name)),
+                                getattr(e, "errno", None) or errno.EIO, str(e)) from None
         if value:
-            _write_path(os.path.join(path, name), value, "initialise cpuset")
+            _write_tree(tree, _join(path, name), value, "initialise cpuset")
 
 
-def _write_path(path: str, value: str, op: str) -> None:
+def _write_tree(tree: SafeTree, rel: str, value: str, op: str) -> None:
     try:
-        with open(path, "w") as f:
-            f.write(value)
+        tree.write(rel, value.encode())
+    except UnsafePath as e:
+        raise CgroupPathRefused(op, e.path, e.reason) from None
     except OSError as e:
-        raise CgroupfsError(op, path, e.errno or 0, f"{value!r}: {e.strerror}") from None
+        raise CgroupfsError(op, tree.path(rel), e.errno or 0, f"{value!r}: {e.strerror}") from None
 
 
-def _depth_first(top: str) -> list[str]:
-    if not os.path.isdir(top):
-        return []
-    out: list[str] = []
-    for dirpath, dirnames, _ in os.walk(top, topdown=False):
-        del dirnames
-        out.append(dirpath)
-    return out
-
-
-def _rmdir_retry(path: str, retries: int, delay: float) -> None:
+def _rmdir_retry(tree: SafeTree, rel: str, retries: int, delay: float) -> None:
     for attempt in range(retries + 1):
         try:
-            os.rmdir(path)
+            tree.rmdir(rel)
             return
         except FileNotFoundError:
             return
+        except UnsafePath as e:
+            raise CgroupPathRefused("rmdir", e.path, e.reason) from None
         except OSError as e:
             if e.errno != errno.EBUSY or attempt == retries:
-                raise CgroupfsError("rmdir", path, e.errno or 0, e.strerror or "") from None
+                raise CgroupfsError("rmdir", tree.path(rel), e.errno or 0, e.strerror or "") from None
             time.sleep(delay)
 
 
