@@ -39,7 +39,7 @@ class CycleInputs:
     planner_state: Any = None
     cycle: int = 0
     last_time: float = 0.0
-    pending: dict[str, Applied] = field(default_factory=dict)  # event id of a move -> applied
+    decisions: dict[str, list[Applied]] = field(default_factory=dict)  # planner decision -> its events
 
 
 class Agent:
@@ -47,7 +47,7 @@ class Agent:
 
     def __init__(self, config: Config, *, node: str, config_path: str | None = None,
                  dry_run: bool = False, cycles: int | None = None, json_out: TextIO | None = None,
-                 parts_factory: Callable[[Config, str], Parts] = build_parts) -> None:
+                 parts_factory: Callable[..., Parts] = build_parts) -> None:
         self.config, self.node, self.config_path = config, node, config_path
         self.dry_run = dry_run or config.agent.dry_run
         self.cycles, self.json_out = cycles, json_out
@@ -70,7 +70,8 @@ class Agent:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests)
                 pass
-        self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node)
+        self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node,
+                                             self.config_path or "embedded defaults")
         self.state.extra.update(self.parts.status_extra())
         services = await self.parts.start_services(self.state, self.config)
         try:
@@ -88,7 +89,16 @@ class Agent:
             if await self._sleep(interval):
                 break
             started = time.monotonic()
-            report = await asyncio.to_thread(self.cycle_once)
+            try:
+                report = await asyncio.to_thread(self.cycle_once)
+            except Exception as e:  # a bug in one cycle must not take the node's agent down
+                log.exception("cycle %d failed; the agent keeps its last good state", self._inputs.cycle + 1)
+                with self.state.lock:
+                    self.state.collector_errors_total["cycle"] += 1
+                if self.state.latest is not None:
+                    report = replace(self.state.latest, errors=(f"cycle failed: {type(e).__name__}: {e}",))
+                else:
+                    continue
             self.state.publish(report)
             await self.parts_publish(report)
             if self.json_out is not None:
@@ -241,18 +251,40 @@ class Agent:
                 self.state.rollbacks_total += 1
 
     def _realized(self, plan: Plan, applied: Sequence[Applied]) -> tuple[Realized, ...]:
-        """Realized gains the planner measured for earlier moves (carried in plan.considered)."""
+        """The planner's judgement of earlier moves, tied back to the events that made them.
+
+        The planner evaluates a decision (which may have moved several containers) after it has
+        settled and says so in `plan.considered` (kind "evaluation"); the loop remembers which
+        applied events belonged to which decision number.
+        """
+        for a, event in zip(plan.actions, applied):
+            decision = a.detail.get("decision")
+            if decision is not None and event.ok and a.kind != "rollback":
+                self._inputs.decisions.setdefault(_decision_key(decision), []).append(event)
         out = []
         for c in plan.considered:
-            if c.get("kind") != "evaluation":
+            if c.get("kind") != "evaluation" or "realized" not in c:
                 continue
-            out.append(Realized(event_id=str(c.get("event_id", "")), container=str(c.get("container", "")),
-                                predicted=float(c.get("predicted", 0.0)), realized=float(c.get("realized", 0.0)),
-                                rolled_back=bool(c.get("rolled_back", False))))
+            events = self._inputs.decisions.pop(_decision_key(c.get("decision", "")), [])
+            for ev in events or [None]:
+                out.append(Realized(event_id=ev.event_id if ev else "", container=ev.container if ev else "",
+                                    predicted=float(c.get("predicted", 0.0)),
+                                    realized=float(c.get("realized", 0.0)),
+                                    rolled_back=c.get("rejected") == "rolled back"))
+        if len(self._inputs.decisions) > 1000:  # decisions never evaluated (containers gone)
+            for k in sorted(self._inputs.decisions)[:-1000]:
+                del self._inputs.decisions[k]
         if out:
             with self.state.lock:
                 self.state.realized = (self.state.realized + out)[-100:]
         return tuple(out)
+
+
+def _decision_key(d: Any) -> str:
+    """The planner numbers decisions 1, 2, ... in action details and "d1", "d2" in evaluations."""
+    if isinstance(d, (int, float)) and not isinstance(d, bool):
+        return f"d{int(d)}"
+    return str(d)
 
 
 def _reason_label(reason: str) -> str:

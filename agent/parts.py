@@ -14,6 +14,7 @@ from typing import Any
 from agent.config import Config
 from agent.discovery import discover
 from agent.kubelet import KubeletStateReader
+from agent.resctrl_glue import RdtNode
 from agent.report import AgentState, Applied, CycleReport, Realized
 from agent.sysfs import read_topology
 from collectors.base import Collector
@@ -37,8 +38,8 @@ def host_paths(config: Config) -> HostPaths:
 class Parts:
     """Everything one agent uses on this node."""
 
-    def __init__(self, config: Config, node: str) -> None:
-        self.config, self.node = config, node
+    def __init__(self, config: Config, node: str, *, config_source: str = "embedded defaults") -> None:
+        self.config, self.node, self.config_source = config, node, config_source
         self.host = host_paths(config)
         self.cgfs = Cgroupfs(root=config.host.cgroup_root)
         self.topology: Topology = read_topology(config.host.sysfs_root, procfs_root=config.host.procfs_root)
@@ -47,9 +48,9 @@ class Parts:
         self.collectors: list[Collector] = []
         self._collector_errors: list[str] = []
         self._last_status: dict[str, tuple[bool, str]] = {}
+        self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
-        self.resctrl = self._make_resctrl()
         self.vms = self._make_vms()
         self._mqtt: Any = None
         self._moved: dict[str, CpuSet] = {}
@@ -59,6 +60,7 @@ class Parts:
         from agent.collector_set import make_collectors
 
         self.collectors = make_collectors(self.config, self.host, self.cgfs, self.topology)
+        self.collectors.append(self.resctrl.collector)
         for c in self.collectors:
             status = c.start()
             self._log_status(c.name, status)
@@ -67,12 +69,13 @@ class Parts:
         from agent.cpuset_actuator import CpusetActuator
 
         return CpusetActuator(self.cgfs, reserved=self.unusable_cpus(), kubelet=self.kubelet,
-                              topology=self.topology)
+                              topology=self.topology, allow_isolated=self.config.cpuset.allow_isolated,
+                              reassert_drift=self.config.cpuset.reassert_drift)
 
-    def _make_resctrl(self) -> Any:
+    def _make_resctrl(self) -> RdtNode:
         from agent.resctrl_glue import make_resctrl
 
-        return make_resctrl(self.config, self.host)
+        return make_resctrl(self.config, self.host, self.cgfs, source=self.config_source)
 
     def _make_vms(self) -> Any:
         if not self.config.vm.enabled:
@@ -96,6 +99,9 @@ class Parts:
     def reconfigure(self, config: Config) -> None:
         """Take a reloaded config; parts whose settings are read per cycle follow at once."""
         self.config = config
+        self.resctrl.reconfigure(config)
+        self.cpusets.reassert_drift = config.cpuset.reassert_drift
+        self.cpusets.allow_isolated = config.cpuset.allow_isolated
         if self.vms is not None:
             self.vms.config = config.vm
 
@@ -117,8 +123,7 @@ class Parts:
         except (ParseError, PerfbalanceError) as e:
             errors.append(f"discovery: {e}")
             containers = []
-        if self.resctrl is not None:
-            containers = self.resctrl.label(containers)
+        containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         return containers, self.kubelet
 
@@ -146,16 +151,10 @@ class Parts:
         return list(self._collector_errors)
 
     def collector_status(self) -> dict[str, CollectorStatus]:
-        out = {c.name: c.status() for c in self.collectors}
-        if self.resctrl is not None:
-            out.update(self.resctrl.status())
-        return out
+        return {c.name: c.status() for c in self.collectors}
 
     def node_metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        if self.resctrl is not None:
-            out.update(self.resctrl.node_metrics())
-        return out
+        return self.resctrl.node_metrics()
 
     def apply(self, action: Action, container: Container) -> None:
         if action.kind in ("cpuset",) or (action.kind == "rollback" and action.undoes == "cpuset"):
@@ -164,8 +163,6 @@ class Parts:
             self.cpusets.apply(container, cpus, mems)
             self._moved[container.id] = cpus  # VMM threads follow in maintain(), same cycle
         elif action.kind in ("rdt_class",) or (action.kind == "rollback" and action.undoes == "rdt_class"):
-            if self.resctrl is None:
-                raise FeatureUnavailable("resctrl", "not in use on this node")
             self.resctrl.apply_class(container, action.to)
         else:
             raise PerfbalanceError(f"unknown action kind {action.kind!r} for {action.container}")
@@ -179,8 +176,8 @@ class Parts:
         if n:
             with state.lock:
                 state.drift_reasserted_total += n
-        if self.resctrl is not None:
-            errors.extend(self.resctrl.maintain(containers))
+        errors.extend(self.resctrl.maintain(containers))
+        with state.lock:
             state.extra.update(self.resctrl.extra())
         if self.vms is not None:
             report = self.vms.sync_snapshot(snapshot, moved=dict(self._moved))
@@ -193,7 +190,7 @@ class Parts:
         return self.vms.vcpu_map() if self.vms is not None else {}
 
     def status_extra(self) -> dict[str, Any]:
-        return self.resctrl.extra() if self.resctrl is not None else {}
+        return self.resctrl.extra()
 
     # -- services -------------------------------------------------------------------------
     async def start_services(self, state: AgentState, config: Config) -> list[Any]:
@@ -221,12 +218,11 @@ class Parts:
                 c.close()
             except Exception:
                 log.exception("closing collector %s", c.name)
-        if self.resctrl is not None:
-            self.resctrl.close()
+        self.resctrl.close()
 
 
-def build_parts(config: Config, node: str) -> Parts:
-    return Parts(config, node)
+def build_parts(config: Config, node: str, config_source: str = "embedded defaults") -> Parts:
+    return Parts(config, node, config_source=config_source)
 
 
 __all__ = ["Parts", "build_parts", "host_paths", "ContainerGone"]

@@ -1,30 +1,97 @@
-"""RDT on this node: the resctrl manager, its actuator and monitoring, or nothing, with a reason.
+"""RDT on this node: the resctrl manager, its actuator and monitoring collector, or a reason.
 
 `resctrl.rdt: off` never touches resctrl; `auto` uses it when mounted; `on` makes startup fail
-clearly when it is unusable (cri-resource-manager's tri-state knob).
+clearly when it is unusable (cri-resource-manager's tri-state knob). Without a manager the
+monitoring collector still exists and reports down with the reason, so `run --json`, metrics and
+`doctor` all say why there are no LLC/MBM numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from agent.config import Config
-from perfbalance.errors import FeatureUnavailable
+from collectors.cgroupfs import Cgroupfs
+from collectors.resctrl_mon import ResctrlMonCollector
+from perfbalance.errors import ContainerGone, ResctrlError
 from perfbalance.host import HostPaths
+from perfbalance.model import Container
+from resctrl.actuator import ResctrlActuator
+from resctrl.resolve import resolve
+from resctrl.info import cache_sizes
+from resctrl.setup import open_resctrl
 
 log = logging.getLogger("perfbalance.resctrl")
 
 
-def make_resctrl(config: Config, host: HostPaths) -> Any:
-    if config.resctrl.rdt == "off":
-        return None
-    from resctrl.info import find_mount
+class RdtNode:
+    """The resctrl parts of one agent (manager may be None: then only the down collector)."""
 
-    mount = find_mount(host.procfs)
-    if mount is None:
-        if config.resctrl.rdt == "on":
-            raise FeatureUnavailable("resctrl", "resctrl.rdt is 'on' but resctrl is not mounted")
-        log.info("resctrl not mounted: RDT classes and monitoring off (resctrl.rdt: auto)")
-        return None
-    raise FeatureUnavailable("resctrl", "wiring pending")
+    def __init__(self, config: Config, host: HostPaths, cgfs: Cgroupfs, *, source: str) -> None:
+        self.host, self.cgfs, self.source = host, cgfs, source
+        setup = open_resctrl(config.resctrl, procfs=host.procfs, sysfs=host.sysfs, source=source)
+        self.manager = setup.manager
+        self.reason = setup.reason
+        if setup.report is not None:
+            log.info("resctrl started: %s", setup.report)
+        elif setup.reason:
+            log.info("resctrl not used: %s", setup.reason)
+        self.actuator = ResctrlActuator(manager=self.manager) if self.manager is not None else None
+        self.collector = ResctrlMonCollector(manager=self.manager, reason=self.reason,
+                                             tids_of=self.tids_of, cgroup_root=host.cgroup)
+
+    def tids_of(self, c: Container) -> Sequence[int]:
+        return self.cgfs.tids(c.cgroup, recursive=True)
+
+    def label(self, containers: list[Container]) -> list[Container]:
+        """Each container with the RDT class it is (or will be) in."""
+        if self.actuator is None:
+            return containers
+        out = []
+        for c in containers:
+            cls, _why = self.actuator.effective_class(c)
+            out.append(dataclasses.replace(c, rdt_class=cls or ""))
+        return out
+
+    def apply_class(self, container: Container, class_name: str) -> None:
+        if self.actuator is None:
+            raise ResctrlError(f"assign {container.id} to class", class_name, 19, self.reason)  # ENODEV
+        try:
+            tids = self.tids_of(container)
+        except ContainerGone:
+            raise
+        result = self.actuator.apply_class(container, class_name or None, tids)
+        if getattr(result, "error", ""):
+            raise ResctrlError(f"assign {container.id} to class", class_name, 22, result.error)
+
+    def maintain(self, containers: Sequence[Container]) -> list[str]:
+        if self.actuator is None:
+            return []
+        report = self.actuator.sweep(containers, self.tids_of)
+        return list(report.errors) + list(report.notes)
+
+    def reconfigure(self, config: Config) -> None:
+        if self.manager is None:
+            return
+        report = self.manager.reconfigure(resolve(config.resctrl, self.manager.info,
+                                                  cache_bytes=cache_sizes(self.host.sysfs),
+                                                  source=self.source))
+        log.info("resctrl reconfigured: %s", report)
+
+    def node_metrics(self) -> dict[str, float]:
+        cm = self.collector.class_metrics
+        return cm.node_metrics() if cm is not None else {}
+
+    def extra(self) -> dict[str, Any]:
+        cm = self.collector.class_metrics
+        return {"resctrl": cm} if cm is not None else {}
+
+    def close(self) -> None:
+        self.collector.close()
+
+
+def make_resctrl(config: Config, host: HostPaths, cgfs: Cgroupfs, *, source: str = "config") -> RdtNode:
+    return RdtNode(config, host, cgfs, source=source)

@@ -53,5 +53,8 @@ def main(args: argparse.Namespace) -> int:
                       cycles=args.cycles, json_out=sys.stdout if args.json else None)
         log.info("perfbalance starting on node %s (dry_run=%s)", node, agent.dry_run)
         return asyncio.run(agent.run())
+    except PerfbalanceError as e:  # a startup requirement not met (e.g. resctrl.rdt: on)
+        print(f"perfbalance: cannot start: {e}", file=sys.stderr)
+        return 1
     finally:
         lock.release()
