@@ -86,6 +86,10 @@ class MqttPublisher:
         """Queue the event of an applied (or failed) action."""
         self._enqueue(self.event(applied, None))
 
+    def publish_applied(self, applied: Applied, report: object = None) -> None:
+        """Same as `publish` (the loop's spelling; the report is not needed: names come from state)."""
+        self.publish(applied)
+
     def publish_realized(self, realized: Realized) -> None:
         """Queue the follow-up of a settled move: same event_id, phase "realized"."""
         view = self.state.view()

@@ -92,3 +92,9 @@ def test_credentials_are_read_from_files(tmp_path) -> None:
     assert read_secret(str(tmp_path / "pw"), "password_file") == "s3cret"
     with pytest.raises(ConfigError, match="password_file"):
         read_secret(str(tmp_path / "missing"), "password_file")
+
+
+def test_publish_applied_is_publish_for_the_loop() -> None:
+    pub = publisher()
+    pub.publish_applied(s.applied(), s.report())
+    assert [e["event_id"] for e in pub._queue] == ["ev-1"]
