@@ -79,6 +79,11 @@ class Agent:
             await self._cycles()
         finally:
             await self._shutdown(services)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
         return 0
 
     async def _cycles(self) -> None:

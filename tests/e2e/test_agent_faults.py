@@ -1,0 +1,140 @@
+"""The agent under faults: it keeps its last good state and keeps running."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from agent.loop import Agent
+from agent.parts import Parts
+from perfbalance.model import Action, Container
+from tests.e2e.conftest import PERFBALANCE, run_agent
+
+pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
+
+
+def _agent(cfg_path: Path, cycles: int, interval: float = 0.5, **kw) -> tuple[Agent, io.StringIO]:
+    import dataclasses
+
+    config = load_config(str(cfg_path), node="e2e-node")
+    config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, interval_seconds=interval))
+    out = io.StringIO()
+    return Agent(config, node="e2e-node", config_path=str(cfg_path), cycles=cycles, json_out=out, **kw), out
+
+
+async def test_config_turning_invalid_at_run_time_keeps_the_last_good_one(demo_workloads, write_config):
+    cfg = write_config({"rebalancer": {"margin": 0.5}})
+    agent, out = _agent(cfg, cycles=6)
+
+    async def break_then_fix() -> None:
+        while agent.state.latest is None:
+            await asyncio.sleep(0.05)
+        cfg.write_text(cfg.read_text().replace("margin: 0.5", "margin: lots"))
+        while agent.state.config_valid:
+            await asyncio.sleep(0.05)
+        assert agent.config.rebalancer.margin == 0.5  # last good one in force
+        cfg.write_text(cfg.read_text().replace("margin: lots", "margin: 0.25"))
+
+    fixer = asyncio.create_task(break_then_fix())
+    assert await agent.run() == 0
+    await fixer
+    reports = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(reports) == 6  # it never stopped
+    rejected = [e for r in reports for e in r["errors"] if "config rejected" in e]
+    assert rejected and "rebalancer.margin" in rejected[0] and "lots" in rejected[0]
+    assert agent.config.rebalancer.margin == 0.25 and agent.state.config_valid
+    assert agent.state.config_reloads_total["invalid"] == 1 and agent.state.config_reloads_total["ok"] == 1
+
+
+async def test_container_exiting_between_plan_and_act_is_reported_not_fatal(demo_workloads, write_config, cgfs):
+    killed: list[str] = []
+
+    class VanishingParts(Parts):
+        def apply(self, action: Action, container: Container) -> None:
+            if not killed:  # the first target dies right before we act on it
+                for pid in cgfs.pids(container.cgroup, recursive=True):
+                    os.kill(pid, signal.SIGKILL)
+                time.sleep(0.2)
+                cgfs.remove(container.cgroup)
+                killed.append(container.id)
+            super().apply(action, container)
+
+    agent, out = _agent(write_config(), cycles=3, parts_factory=lambda c, n, s: VanishingParts(c, n, config_source=s))
+    assert await agent.run() == 0
+    reports = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(reports) == 3
+    failed = [a for r in reports for a in r["applied"] if a["container"] == killed[0]]
+    assert failed and not failed[0]["ok"] and "gone" in failed[0]["error"]
+    assert all(c["id"] != killed[0] for c in reports[-1]["containers"])
+
+
+async def test_a_collector_crash_is_an_error_line_not_a_dead_agent(demo_workloads, write_config):
+    class Boom:
+        name = "boom"
+
+        def start(self):
+            from perfbalance.model import CollectorStatus
+            return CollectorStatus(up=True)
+
+        def collect(self, containers, now):
+            raise RuntimeError("collector bug")
+
+        def status(self):
+            from perfbalance.model import CollectorStatus
+            return CollectorStatus(up=True)
+
+        def close(self) -> None:
+            pass
+
+    class BoomParts(Parts):
+        def _make_collectors(self) -> None:
+            super()._make_collectors()
+            self.collectors.append(Boom())
+
+    agent, out = _agent(write_config(), cycles=2, parts_factory=lambda c, n, s: BoomParts(c, n, config_source=s))
+    assert await agent.run() == 0
+    reports = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(reports) == 2
+    assert any("collector boom" in e and "collector bug" in e for e in reports[-1]["errors"])
+    assert reports[-1]["containers"][0]["metrics"]  # the other collectors still delivered
+
+
+def test_second_instance_is_refused_naming_the_first(write_config):
+    cfg = write_config()
+    first = subprocess.Popen([PERFBALANCE, "run", "--config", str(cfg), "--interval", "1", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None
+        first.stdout.readline()  # running: one cycle done
+        second = run_agent("run", "--config", str(cfg), "--cycles", "1")
+        assert second.returncode == 1
+        assert str(first.pid) in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+
+
+def test_sigterm_stops_cleanly_within_the_grace_period(write_config):
+    cfg = write_config()
+    proc = subprocess.Popen([PERFBALANCE, "run", "--config", str(cfg), "--interval", "1", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "BPF programs detached" in err
+    lock = Path(load_config(str(cfg)).agent.run_dir) / "perfbalance.lock"
+    # the lock is released: a new instance can start at once
+    res = run_agent("run", "--config", str(cfg), "--cycles", "1", "--interval", "0.5")
+    assert res.returncode == 0, res.stderr
+    assert lock.parent.is_dir()
