@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def render_reference() -> str:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for path, tp, default, doc in reference(Config):
-        lines.append(f"| `{path}` | {tp} | `{default}` | {doc} |")
+        cells = (f"`{path}`", tp, f"`{default}`", doc)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
