@@ -191,6 +191,8 @@ def parse_config(text: str, *, source: str, node: str) -> Config:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, "", where, f"not valid YAML ({getattr(e, 'problem', e)})") from None
+    except RecursionError:
+        raise ConfigError(source, "", f"{len(text)} bytes", "YAML nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

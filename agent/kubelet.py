@@ -60,8 +60,8 @@ def _version(doc: Mapping[str, Any], path: str) -> int | None:
     raw = doc.get("version", doc.get("apiversion"))
     if raw is None:
         return None
-    text = str(raw).lower().removeprefix("v")
-    if not text.isdigit():
+    text = str(raw)[:20].lower().removeprefix("v")
+    if not (text.isascii() and text.isdigit()):  # "²".isdigit() is True but int("²") fails
         raise KubeletStateError(path, "unrecognised version", raw)
     if int(text) > MAX_VERSION:
         raise KubeletStateError(path, f"version {raw} is newer than supported (V1-V{MAX_VERSION})", raw)
@@ -79,6 +79,8 @@ def _unwrap_data(doc: dict[str, Any], path: str) -> dict[str, Any]:
         inner = json.loads(data)
     except json.JSONDecodeError as e:
         raise KubeletStateError(path, f"'data' is not JSON ({e.msg} at {e.pos})", data[:80]) from None
+    except (ValueError, RecursionError) as e:  # huge integer literal, nesting beyond the decoder
+        raise KubeletStateError(path, f"'data' is not usable JSON ({type(e).__name__})", data[:80]) from None
     if not isinstance(inner, Mapping):
         raise KubeletStateError(path, "'data' must hold a JSON object", data[:80])
     merged = {**{k: v for k, v in doc.items() if k != "data"}, **_lower_keys(inner, path)}
@@ -121,6 +123,8 @@ def parse_cpu_manager_state(text: str, *, path: str = STATE_FILE) -> KubeletStat
     except json.JSONDecodeError as e:
         raise KubeletStateError(path, f"not JSON ({e.msg} at line {e.lineno} column {e.colno}; "
                                       "half-written?)", text[max(0, e.pos - 20): e.pos + 20]) from None
+    except (ValueError, RecursionError) as e:  # huge integer literal, nesting beyond the decoder
+        raise KubeletStateError(path, f"not usable JSON ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(raw, Mapping):
         raise KubeletStateError(path, "top level must be a JSON object", type(raw).__name__)
     doc = _lower_keys(raw, path)

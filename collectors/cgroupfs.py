@@ -735,7 +735,7 @@ class CpuMax:
 
 
 def parse_cpu_max(text: str, *, source: str = "") -> CpuMax:
-    """v2 cpu.max: "max 100000" or "50000 100000"."""
+    """v2 cpu.max: "max 100000" or "50000 100000" (the kernel's period is 1000..1000000 us)."""
     parts = text.split()
     try:
         if len(parts) == 1:
@@ -747,6 +747,8 @@ def parse_cpu_max(text: str, *, source: str = "") -> CpuMax:
         quota = None if parts[0] == "max" else int(parts[0])
     except (ValueError, IndexError):
         raise ParseError("cpu.max", text[:80], "expected '<quota|max> <period>'", source=source) from None
+    if period <= 0:
+        raise ParseError("cpu.max", text[:80], "period must be positive", source=source)
     return CpuMax(quota_usec=quota if quota is None or quota > 0 else None, period_usec=period)
 
 
@@ -770,24 +772,52 @@ class Psi:
     full_total_usec: int = 0
 
 
+PSI_AVGS = ("avg10", "avg60", "avg300")
+
+
 def parse_psi(text: str, *, source: str = "") -> Psi:
-    """`some avg10=1.23 avg60=... avg300=... total=N` and `full ...` lines (percent -> fraction)."""
+    """`some avg10=1.23 avg60=... avg300=... total=N` and `full ...` lines (percent -> fraction).
+
+    Unknown keys are ignored (a newer kernel may add some); averages must be 0..100 and totals
+    non-negative integers, as kernel/sched/psi.c prints them.
+    """
     values: dict[str, float] = {}
+    totals: dict[str, int] = {}
+    seen = False
     for line in text.splitlines():
         kind, _, rest = line.strip().partition(" ")
         if kind not in ("some", "full"):
             continue
+        seen = True
         for item in rest.split():
             key, _, v = item.partition("=")
-            try:
-                values[f"{kind}_{key}"] = float(v)
-            except ValueError:
-                raise ParseError("pressure", line[:120], f"bad value {item!r}", source=source) from None
-    if not values:
+            if key in PSI_AVGS:
+                values[f"{kind}_{key}"] = _psi_avg(v, line, source)
+            elif key == "total":
+                totals[f"{kind}_total_usec"] = _psi_total(v, line, source)
+    if not seen:
         raise ParseError("pressure", text[:120], "no 'some'/'full' lines", source=source)
-    avg = {k: v / 100.0 for k, v in values.items() if "_avg" in k}
-    return Psi(**avg, some_total_usec=int(values.get("some_total", 0)),
-               full_total_usec=int(values.get("full_total", 0)))
+    return Psi(**values, **totals)
+
+
+def _psi_avg(v: str, line: str, source: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise ParseError("pressure", line[:120], f"bad average {v[:40]!r}", source=source) from None
+    if not 0.0 <= f <= 100.0:  # also rejects nan
+        raise ParseError("pressure", line[:120], f"average {v[:40]!r} outside 0..100", source=source)
+    return f / 100.0
+
+
+def _psi_total(v: str, line: str, source: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise ParseError("pressure", line[:120], f"bad total {v[:40]!r}", source=source) from None
+    if n < 0:
+        raise ParseError("pressure", line[:120], f"negative total {n}", source=source)
+    return n
 
 
 def shares_from_weight(weight: int) -> int:

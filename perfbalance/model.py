@@ -211,8 +211,9 @@ class Snapshot:
             )
         except ParseError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ParseError("snapshot", type(e).__name__, str(e), source=source) from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+            # OverflowError: int() of a JSON Infinity; RecursionError: str() of absurd nesting
+            raise ParseError("snapshot", type(e).__name__, str(e)[:200], source=source) from None
 
     @classmethod
     def loads(cls, text: str, *, source: str = "snapshot") -> Snapshot:
@@ -220,6 +221,9 @@ class Snapshot:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ParseError("snapshot", text[:80], f"not JSON ({e})", source=source) from None
+        except (ValueError, RecursionError) as e:  # huge integer literal, nesting beyond the decoder
+            raise ParseError("snapshot", text[:80], f"not usable JSON ({type(e).__name__})",
+                             source=source) from None
         return cls.from_json(data, source=source)
 
 

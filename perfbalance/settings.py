@@ -38,10 +38,11 @@ def build(cls: type[T], data: Any, *, source: str = "config", path: str = "") ->
     if not isinstance(data, Mapping):
         raise ConfigError(source, path, data, "must be a mapping")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(map(str, data)) - set(fields))
+    by_name = {str(k): k for k in data}  # YAML keys may be ints, None, dates: name them as text
+    unknown = sorted(set(by_name) - set(fields))
     if unknown:
         k = unknown[0]
-        raise ConfigError(source, _join(path, k), data[k],
+        raise ConfigError(source, _join(path, k), data[by_name[k]],
                           f"unknown key (known: {', '.join(sorted(fields))})")
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
