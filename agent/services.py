@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.config import Config
 from agent.report import AgentState
+from perfbalance.errors import ConfigError
 
 if TYPE_CHECKING:
     from agent.parts import Parts
@@ -22,25 +23,27 @@ log = logging.getLogger("perfbalance.services")
 
 async def start_services(parts: Parts, state: AgentState, config: Config) -> list[Any]:
     services: list[Any] = []
-    if config.metrics.enabled:
-        from agent.http import NodeServer
+    from agent.http import serve_from_config
+    from agent.mqtt import MqttPublisher
 
-        try:
-            server = NodeServer(state, listen=config.metrics.listen,
-                                stale_after=max(30.0, 3 * config.agent.interval_seconds))
-            server.start()
-            log.info("serving metrics and the node view on %s", server.url)
-            services.append(server)
-        except OSError as e:
-            log.error("cannot serve on %s: %s; running without the HTTP endpoint", config.metrics.listen, e)
-    if config.mqtt.enabled:
-        from agent.mqtt import MqttPublisher
-
+    try:
+        server = serve_from_config(state, config)
+    except (ConfigError, OSError) as e:
+        log.error("cannot serve on %s: %s; running without the HTTP endpoint", config.metrics.listen, e)
+        server = None
+    if server is not None:
+        log.info("serving metrics and the node view on %s", server.url)
+        services.append(server)
+    # Always run: with MQTT off it says so once and exports perfbalance_mqtt_configured 0.
+    try:
         publisher = MqttPublisher(config.mqtt, node=state.node, state=state)
-        task = asyncio.create_task(publisher.run(), name="mqtt-publisher")
-        task.add_done_callback(_log_crash)
-        parts._mqtt = publisher
-        services.append((publisher, task))
+    except ConfigError as e:
+        log.error("MQTT disabled: %s", e)
+        return services
+    task = asyncio.create_task(publisher.run(), name="mqtt-publisher")
+    task.add_done_callback(_log_crash)
+    parts._mqtt = publisher
+    services.append((publisher, task))
     return services
 
 

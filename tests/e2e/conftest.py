@@ -64,7 +64,23 @@ def _cpu_model() -> str:
 @pytest.fixture
 def demo_workloads(cgfs: Cgroupfs, base: str) -> Iterator[list]:
     with workloads(cgfs, ("avx512", "scalar"), base=base) as started:
+        for w in started:  # past start-up (numpy's import) and into the loop
+            wait_cpu_seconds(w.proc.pid, 0.5)
         yield started
+
+
+def wait_cpu_seconds(pid: int, seconds: float, timeout: float = 30.0) -> None:
+    """Wait until `pid` has used `seconds` of CPU (user+system), so its loop is running."""
+    import time
+
+    tick = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if (int(fields[11]) + int(fields[12])) / tick >= seconds:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"workload {pid} did not start running within {timeout}s")
 
 
 def run_agent(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -51,7 +51,7 @@ def test_run_json_lines_have_the_documented_keys(demo_workloads, write_config, b
 
 
 def test_dry_run_plans_but_moves_nothing(demo_workloads, write_config):
-    res = run_agent("run", "--config", str(write_config()), "--cycles", "2", "--interval", "1",
+    res = run_agent("run", "--config", str(write_config()), "--cycles", "3", "--interval", "1",
                     "--json", "--dry-run")
     assert res.returncode == 0, res.stderr
     reports = _lines(res.stdout)
