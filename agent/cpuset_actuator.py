@@ -29,10 +29,10 @@ import errno
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from collectors.cgroupfs import GONE_ERRNOS, Cgroupfs, check_rel
+from collectors.cgroupfs import GONE_ERRNOS, CgroupfsError, Cgroupfs, check_rel
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, CpusetError, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import Container, KubeletState
@@ -163,6 +163,19 @@ class CpusetActuator:
     def applied(self) -> dict[str, tuple[str, CpuSet, CpuSet]]:
         return dict(self._applied)
 
+    def adopt(self, placements: Mapping[str, tuple[str, CpuSet, CpuSet]]) -> int:
+        """After a restart: take back what an earlier run applied (from agent.checkpoint), so
+        drift detection goes on. Only containers the last discovery matched in the same cgroup
+        (and not owned by the kubelet) are adopted; returns how many."""
+        n = 0
+        for cid, (cgroup, cpus, mems) in placements.items():
+            known = self._known.get(cid)
+            if known is None or known.cgroup != cgroup or known.exclusive or not cpus:
+                continue
+            self._applied[cid] = (cgroup, cpus, mems)
+            n += 1
+        return n
+
     # -- checks ---------------------------------------------------------------------------
     def check(self, container: Container, cpus: CpuSet, mems: CpuSet | None = None) -> CpuSet:
         """Raise CpusetRefused if the move is not allowed; return the mems to write."""
@@ -222,7 +235,7 @@ class CpusetActuator:
             self.counters["gone_total"] += 1
             self.forget(container.id)
             raise
-        except (CpusetError, CpusetNotGranted):
+        except (CpusetError, CpusetNotGranted, CgroupfsError):
             self.counters["errors_total"] += 1
             raise
         self._applied[container.id] = (container.cgroup, cpus, want_mems)
@@ -247,7 +260,7 @@ class CpusetActuator:
             for n in reversed(nodes):  # shrink, children first
                 put(n.rel, "cpuset.cpus", cpus)
                 put(n.rel, "cpuset.mems", mems)
-        except CpusetError:
+        except (CpusetError, CgroupfsError):  # CgroupfsError: e.g. a symlink planted mid-move
             self._rollback(c, nodes, writes)
             raise
         self._verify(c, nodes, cpus, mems)
@@ -379,7 +392,7 @@ class CpusetActuator:
             return ReassertOutcome(container=cid, ok=False, error=str(e))
         except ContainerGone as e:
             return ReassertOutcome(container=cid, ok=False, error=str(e))
-        except (CpusetError, CpusetNotGranted, ParseError) as e:
+        except (CpusetError, CpusetNotGranted, CgroupfsError, FeatureUnavailable, ParseError) as e:
             retry = self._fail(cid, now)
             log.warning("re-asserting cpuset of %s failed (retry in %.0fs): %s", cid, retry - now, e)
             return ReassertOutcome(container=cid, ok=False, error=str(e), retry_at=retry)
