@@ -20,6 +20,7 @@ from agent.config import Config, load_config, node_name
 from agent.parts import host_paths
 from perfbalance.errors import ConfigError
 from perfbalance.host import HostPaths
+from perfbalance.settings import to_dict
 
 SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "cgroup", "kubelet", "config")
 
@@ -87,7 +88,7 @@ def resctrl(host: HostPaths) -> dict[str, Any]:
     if mount is None:
         return {"available": False, "reason": "resctrl is not mounted (no RDT on this CPU, or mount -t resctrl resctrl /sys/fs/resctrl)"}
     info = read_info(mount)
-    return {"available": True, "reason": f"mounted at {mount.path}", "info": _plain(info)}
+    return {"available": True, "reason": f"mounted at {mount.path}", "info": to_dict(info)}
 
 
 def cgroup(host: HostPaths) -> dict[str, Any]:
@@ -154,15 +155,3 @@ def main(args: argparse.Namespace) -> int:
     if hdr:
         print(f"    bcc {out['bpf'].get('bcc_version')} compiles against {hdr.get('path')} ({hdr.get('source')}, {hdr.get('release')})")
     return 0
-
-
-def _plain(obj: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj if isinstance(obj, (int, float, str, bool, type(None))) else str(obj)

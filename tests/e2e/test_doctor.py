@@ -1,0 +1,63 @@
+"""`perfbalance doctor` on this machine: every section answers available + reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from agent.doctor import SECTIONS
+from tests.e2e.conftest import run_agent
+
+pytestmark = [pytest.mark.root, pytest.mark.bpf]
+
+
+def _doctor(*args: str) -> dict:
+    res = run_agent("doctor", "--json", *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_every_section_says_available_and_why(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"agent": {"run_dir": str(tmp_path / "run")}}))
+    out = _doctor("--config", str(cfg))
+    for key in ("kernel", "bpf", "perf", "avx512", "resctrl", "cgroup", "kubelet"):
+        assert isinstance(out[key]["available"], bool) and out[key]["reason"], key
+    assert set(SECTIONS) <= set(out)
+    # What this machine is known to offer:
+    assert out["bpf"]["available"] and out["bpf"]["headers"]["source"] in ("host", "packaged", "kheaders")
+    assert out["kernel"]["btf"] is True
+    assert out["cgroup"]["layout"] == "hybrid" and "cpuset" in out["cgroup"]["controllers"]
+    assert out["avx512"]["available"] and "avx512f" in out["avx512"]["cpu_flags"]
+    assert out["perf"]["available"] and not out["perf"]["hardware_pmu"]
+    assert not out["resctrl"]["available"] and "not mounted" in out["resctrl"]["reason"]
+
+
+def test_kubelet_state_and_policy_are_reported(tmp_path):
+    (tmp_path / "kubelet").mkdir()
+    (tmp_path / "kubelet" / "cpu_manager_state").write_text(json.dumps({
+        "policyName": "static", "defaultCpuSet": "0", "entries": {"uid-1": {"app": "1"}}, "checksum": 1}))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"host": {"kubelet_root": str(tmp_path / "kubelet")},
+                                   "agent": {"run_dir": str(tmp_path / "run")}}))
+    kubelet = _doctor("--config", str(cfg))["kubelet"]
+    assert kubelet["available"] and kubelet["policy"] == "static" and kubelet["exclusive"] == 1
+
+
+def test_missing_headers_are_a_reason_not_a_crash(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"host": {"headers_search": [str(tmp_path / "none")],
+                                            "modules_root": str(tmp_path / "none")},
+                                   "agent": {"run_dir": str(tmp_path / "run")}}))
+    bpf = _doctor("--config", str(cfg))["bpf"]
+    assert not bpf["available"] and "header" in bpf["reason"]
+
+
+def test_invalid_config_is_shown_with_key_and_value(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mqtt:\n  port: 99999\n")
+    out = _doctor("--config", str(cfg))
+    assert not out["config"]["available"]
+    assert "mqtt.port" in out["config"]["reason"] and "99999" in out["config"]["reason"]
