@@ -72,6 +72,32 @@ class DiscoverySection:
     globs: tuple[str, ...] = setting(factory=tuple, doc="Extra cgroup path globs (relative to the cgroup root) treated as containers, e.g. 'perfbalance-demo/*'.", check=_globs)
 
 
+def _prefixes(value: Any) -> str | None:
+    if any(not p or p != p.strip() for p in value):
+        return "annotation prefixes must be non-empty and without surrounding spaces"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesSection:
+    # YAML 1.1 reads a bare on/off as true/false: accept those and keep the words.
+    api: Literal["auto", "on", "off"] | bool = setting("auto", "Pod metadata (names, namespace, annotations, runtime class) from the API server: auto uses it when running in a pod with a service-account token; on (true) fails startup when it is unusable; off (false) never asks.")
+    refresh_seconds: float = setting(30.0, "Re-list this node's pods at most this often.", min=1.0, max=3600)
+    unknown_refresh_seconds: float = setting(5.0, "Re-list sooner, at most this often, when a container belongs to a pod UID not yet seen.", min=0.5, max=3600)
+    backoff_max_seconds: float = setting(300.0, "Upper bound of the exponential backoff after API errors (the last good pod list stays in use).", min=1.0, max=86400)
+    timeout_seconds: float = setting(5.0, "Timeout of one API request (connect, TLS, whole response).", min=0.1, max=120)
+    max_response_bytes: int = setting(32 << 20, "Largest pod-list response accepted.", min=1024)
+    token_file: str = setting("/var/run/secrets/kubernetes.io/serviceaccount/token", "Service-account token (re-read when it rotates).")
+    ca_file: str = setting("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "CA bundle of the API server.")
+    annotation_prefixes: tuple[str, ...] = setting(factory=lambda: ("perfbalance.io/", "rdt.perfbalance.io/"), doc="Pod annotations copied onto containers: only keys starting with one of these (the resctrl.annotation key is always copied).", check=_prefixes)
+    annotation_max_value_bytes: int = setting(256, "Annotation values longer than this are not copied.", min=1, max=65536)
+    kata_runtime_classes: str = setting("^kata", "Regex on spec.runtimeClassName marking Kata (VM-sandboxed) pods; KubeVirt pods are recognised by the label kubevirt.io=virt-launcher.", check=lambda v: _regex(v))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.api, bool):
+            object.__setattr__(self, "api", "on" if self.api else "off")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CpusetSection:
     reserved_cpus: str = setting("", "CPUs reserved for the system (the kubelet's reservedSystemCPUs); never given to containers.", check=_cpulist)
@@ -158,6 +184,7 @@ class Config:
     agent: AgentSection = setting(factory=AgentSection)
     host: HostSection = setting(factory=HostSection)
     discovery: DiscoverySection = setting(factory=DiscoverySection)
+    kubernetes: KubernetesSection = setting(factory=KubernetesSection)
     cpuset: CpusetSection = setting(factory=CpusetSection)
     collectors: CollectorsConfig = setting(factory=CollectorsConfig)
     rebalancer: RebalancerConfig = setting(factory=RebalancerConfig)
