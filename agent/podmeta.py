@@ -338,7 +338,10 @@ class KubeClient:
         self.requests += 1
         status, body = self._exchange(url, target, token, ctx)
         if status == 401:  # the token may have rotated between our stat and the server's check
-            self._token.read(force=True)
+            try:
+                self._token.read(force=True)
+            except KubeApiError:
+                pass  # the 401 below is the error worth reporting
         if status != 200:
             raise KubeApiError(url, status_message(body), status=status)
         return body
@@ -466,11 +469,11 @@ class PodMetadata:
     def _succeeded(self, got: PodList, want: frozenset[str], now: float) -> None:
         if self.last_error:
             log.info("kubernetes API answers again: %d pods on node %s", len(got.pods), self.node)
+            self._logged.clear()  # a recurring error is worth one more line after a recovery
         for line in got.skipped:
             self._log_once(f"pod skipped: {line}")
         self._pods, self._missing = got.pods, want - got.pods.keys()
         self._failures, self.last_error, self._last_success = 0, "", now
-        self._logged.clear()
         self._next_due, self._not_before = now + self.refresh_seconds, now
 
     def _failed(self, error: str, now: float) -> None:

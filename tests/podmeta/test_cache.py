@@ -6,6 +6,7 @@ the schedule is checked without sleeping.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -126,3 +127,14 @@ def test_enrich_never_raises_when_the_api_is_down(api: FakeApi, meta):
     c = Container(id="x", pod_uid=WEB_UID, cgroup="x")
     assert meta.enrich([c]) == [c]
     assert meta.status().up is False
+
+
+def test_unusable_pod_object_is_logged_once_not_every_refresh(api: FakeApi, meta, clock, caplog):
+    caplog.set_level(logging.WARNING, logger="agent.podmeta")
+    body = json.loads(pod_list())
+    del body["items"][0]["metadata"]["uid"]
+    api.answer = Answer(body=json.dumps(body).encode())
+    for _ in range(3):
+        assert meta.refresh() is True
+    assert [r.getMessage() for r in caplog.records if "pod skipped" in r.getMessage()] == \
+        ["pod skipped: pod uid in https://127.0.0.1:%d/api/v1/pods items[0]: missing: None" % api.port]
