@@ -80,8 +80,7 @@ def _prefixes(value: Any) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class KubernetesSection:
-    # YAML 1.1 reads a bare on/off as true/false: accept those and keep the words.
-    api: Literal["auto", "on", "off"] | bool = setting("auto", "Pod metadata (names, namespace, annotations, runtime class) from the API server: auto uses it when running in a pod with a service-account token; on (true) fails startup when it is unusable; off (false) never asks.")
+    api: Literal["auto", "on", "off"] = setting("auto", "Pod metadata (names, namespace, annotations, runtime class) from the API server: auto uses it when running in a pod with a service-account token; on (true) fails startup when it is unusable; off (false) never asks.")
     refresh_seconds: float = setting(30.0, "Re-list this node's pods at most this often.", min=1.0, max=3600)
     unknown_refresh_seconds: float = setting(5.0, "Re-list sooner, at most this often, when a container belongs to a pod UID not yet seen.", min=0.5, max=3600)
     backoff_max_seconds: float = setting(300.0, "Upper bound of the exponential backoff after API errors (the last good pod list stays in use).", min=1.0, max=86400)
@@ -92,10 +91,6 @@ class KubernetesSection:
     annotation_prefixes: tuple[str, ...] = setting(factory=lambda: ("perfbalance.io/", "rdt.perfbalance.io/"), doc="Pod annotations copied onto containers: only keys starting with one of these (the resctrl.annotation key is always copied).", check=_prefixes)
     annotation_max_value_bytes: int = setting(256, "Annotation values longer than this are not copied.", min=1, max=65536)
     kata_runtime_classes: str = setting("^kata", "Regex on spec.runtimeClassName marking Kata (VM-sandboxed) pods; KubeVirt pods are recognised by the label kubevirt.io=virt-launcher.", check=lambda v: _regex(v))
-
-    def __post_init__(self) -> None:
-        if isinstance(self.api, bool):
-            object.__setattr__(self, "api", "on" if self.api else "off")
 
 
 @dataclass(frozen=True, kw_only=True)

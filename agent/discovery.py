@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 
 MAX_NAME = 255
 KUBEPODS = ("kubepods.slice", "kubepods")
-_UID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+# A pod UID is a UUID, except for static pods: the kubelet names those by a 32-hex-digit hash of
+# the manifest (pkg/kubelet/config: types.UID(hex of md5)).
+_UID = (r"(?:[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+        r"|[0-9a-fA-F]{32})")
 _ID = r"[0-9a-zA-Z][0-9a-zA-Z_.-]{0,127}"
 SYSTEMD_POD = re.compile(rf"^kubepods(?:-(burstable|besteffort))?-pod({_UID})\.slice$")
 CGROUPFS_POD = re.compile(rf"^pod({_UID})$")

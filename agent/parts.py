@@ -7,10 +7,13 @@ each step on this node. Every part that cannot work here is left out with its re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from agent import podmeta
 from agent.config import Config
 from agent.discovery import discover
 from agent.kubelet import KubeletStateReader
@@ -48,6 +51,7 @@ class Parts:
         self.collectors: list[Collector] = []
         self._collector_errors: list[str] = []
         self._last_status: dict[str, tuple[bool, str]] = {}
+        self.podmeta = podmeta.open_pod_metadata(config, node=node, env=os.environ)
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
@@ -100,6 +104,8 @@ class Parts:
         """Take a reloaded config; parts whose settings are read per cycle follow at once."""
         self.config = config
         self.resctrl.reconfigure(config)
+        if self.podmeta is not None:
+            podmeta.reconfigure(self.podmeta, config)
         self.cpusets.reassert_drift = config.cpuset.reassert_drift
         self.cpusets.allow_isolated = config.cpuset.allow_isolated
         if self.vms is not None:
@@ -123,6 +129,8 @@ class Parts:
         except (ParseError, PerfbalanceError) as e:
             errors.append(f"discovery: {e}")
             containers = []
+        if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
+            containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         return containers, self.kubelet
@@ -151,7 +159,10 @@ class Parts:
         return list(self._collector_errors)
 
     def collector_status(self) -> dict[str, CollectorStatus]:
-        return {c.name: c.status() for c in self.collectors}
+        out = {c.name: c.status() for c in self.collectors}
+        if self.podmeta is not None:
+            out["kubernetes_api"] = self.podmeta.status()
+        return out
 
     def node_metrics(self) -> dict[str, float]:
         return self.resctrl.node_metrics()
@@ -219,6 +230,17 @@ class Parts:
             except Exception:
                 log.exception("closing collector %s", c.name)
         self.resctrl.close()
+
+
+def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) -> list[Container]:
+    """With container names known, the kubelet's exclusive assignments match by name exactly
+    (discovery alone can only match them by cpuset)."""
+    out = []
+    for c in containers:
+        if c.name and c.pod_uid and (c.pod_uid, c.name) in kubelet.exclusive and not c.exclusive:
+            c = dataclasses.replace(c, exclusive=True)
+        out.append(c)
+    return out
 
 
 def build_parts(config: Config, node: str, config_source: str = "embedded defaults") -> Parts:

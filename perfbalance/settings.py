@@ -127,6 +127,9 @@ def _convert(tp: Any, value: Any, source: str, path: str) -> Any:
                 errors.append(e.reason)
         raise ConfigError(source, path, value, " or ".join(errors))
     if origin is typing.Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(args):
+            # YAML 1.1 reads a bare on/off (and yes/no) as true/false: keep the user's word.
+            value = "on" if value else "off"
         if value not in args:
             raise ConfigError(source, path, value, f"must be one of {', '.join(map(repr, args))}")
         return value

@@ -251,3 +251,12 @@ def test_same_cgroup_from_kubepods_and_glob_is_reported_once(tmp_path: Path) -> 
     v1_container(root, f"kubepods/pod{UID}/{CID}")
     found = scan(root, globs=(f"kubepods/pod{UID}/*",))
     assert list(found) == [CID]
+
+
+@pytest.mark.parametrize("name", ["kubepods-burstable-pod0123456789abcdef0123456789abcdef.slice",
+                                  "pod0123456789abcdef0123456789abcdef"])
+def test_static_pod_uids_are_32_hex_digits(name):
+    from agent.discovery import parse_pod_dir
+
+    parsed = parse_pod_dir(name)
+    assert parsed is not None and parsed[0] == "0123456789abcdef0123456789abcdef"

@@ -63,3 +63,15 @@ def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(tmp_path / "nope.yaml"))
     assert "nope.yaml" in str(e.value)
+
+
+@pytest.mark.parametrize("text,want", [("resctrl:\n  rdt: on\n", "on"), ("resctrl:\n  rdt: off\n", "off"),
+                                       ("resctrl:\n  rdt: 'on'\n", "on"), ("kubernetes:\n  api: off\n", "off")])
+def test_bare_yaml_on_off_mean_the_words(text, want):
+    cfg = parse_config(text, source="c.yaml", node="n")
+    assert (cfg.resctrl.rdt if "rdt" in text else cfg.kubernetes.api) == want
+
+
+def test_a_bool_is_not_accepted_where_on_off_is_not_a_choice():
+    with pytest.raises(ConfigError):
+        parse_config("agent:\n  log_level: on\n", source="c.yaml", node="n")
