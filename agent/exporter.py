@@ -376,6 +376,24 @@ def _resctrl_families(snap: Snapshot, extra: Mapping[str, Any]) -> Iterator[Metr
         value = extra.get(f"resctrl_{key}", snap.node_metrics.get(f"resctrl_{key}"))
         if value is not None:
             yield _gauge(name, doc, value)
+    classes: Mapping[str, Any] = extra.get("resctrl_classes") or {}
+    if not classes:
+        return
+    occupancy = _gauge("perfbalance_resctrl_class_llc_occupancy_bytes",
+                       "LLC occupancy of an RDT class (its control group and monitoring groups).", labels=["class"])
+    mbm = {kind: _counter(f"perfbalance_resctrl_class_mbm_{kind}_bytes",
+                          f"Memory bandwidth bytes of an RDT class, MBM {kind} (cumulative, wrap-corrected).",
+                          labels=["class"]) for kind in ("total", "local")}
+    for cls, usage in sorted(classes.items()):
+        lv = [label_value(cls)]
+        if getattr(usage, "llc_occupancy_bytes", None) is not None:
+            occupancy.add_metric(lv, usage.llc_occupancy_bytes)
+        for kind, fam in mbm.items():
+            value = getattr(usage, f"mbm_{kind}_bytes_total", None)
+            if value is not None:
+                fam.add_metric(lv, value)
+    yield occupancy
+    yield from mbm.values()
 
 
 def _container_families(snap: Snapshot, view: Mapping[str, Any]) -> Iterator[Metric]:

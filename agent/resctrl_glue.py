@@ -86,8 +86,13 @@ class RdtNode:
         return cm.node_metrics() if cm is not None else {}
 
     def extra(self) -> dict[str, Any]:
+        """CLOSID/RMID budget and per-class usage, under the keys the exporter reads."""
         cm = self.collector.class_metrics
-        return {"resctrl": cm} if cm is not None else {}
+        if cm is None:
+            return {}
+        return {"resctrl_closids_free": cm.free_closids, "resctrl_closids_total": cm.num_closids,
+                "resctrl_rmids_free": cm.free_rmids, "resctrl_rmids_total": cm.num_rmids,
+                "resctrl_classes": dict(cm.classes), "resctrl_monitoring": cm.monitoring}
 
     def close(self) -> None:
         self.collector.close()

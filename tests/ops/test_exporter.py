@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.exporter import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
 from agent.report import AgentState
 from perfbalance.model import ContainerSample
+from resctrl.metrics import ClassUsage
 
 WEB_ID = {"namespace": "web", "pod": "frontend-7d9f", "container": "nginx"}
 
@@ -177,6 +178,8 @@ def test_state_json_is_strict_json_with_the_report_and_the_view() -> None:
 def full_exposition() -> str:
     st = s.state()
     st.extra["mqtt"] = {"configured": 1}
+    st.extra["resctrl_classes"] = {"gold": ClassUsage(llc_occupancy_bytes=4e6, mbm_total_bytes_total=1e9,
+                                                      mbm_local_bytes_total=8e8)}
     st.action_errors_total["EINVAL"] += 1
     st.collector_errors_total["cgroup"] += 1
     return generate_latest(make_registry(st, bandwidth_peak=1e10)).decode()
@@ -186,6 +189,15 @@ def documented() -> set[str]:
     from pathlib import Path
     doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     return set(re.findall(r"^\| `(perfbalance_[a-z0-9_]+)` \|", doc, re.M))
+
+
+def test_rdt_class_usage_is_exported_per_class_as_counters() -> None:
+    fams = {f.name: f for f in text_string_to_metric_families(full_exposition())}
+    mbm = fams["perfbalance_resctrl_class_mbm_total_bytes"]
+    assert mbm.type == "counter"
+    assert [(x.labels, x.value) for x in mbm.samples if x.name.endswith("_total")] == [({"class": "gold"}, 1e9)]
+    occ = fams["perfbalance_resctrl_class_llc_occupancy_bytes"]
+    assert occ.type == "gauge" and occ.samples[0].value == 4e6
 
 
 def test_every_exported_metric_is_documented() -> None:
