@@ -33,6 +33,7 @@ class Churn:
         self.rng = random.Random(seed)
         self.live: dict[str, subprocess.Popen[bytes]] = {}
         self.created = self.destroyed = 0
+        self.ids: set[int] = set()  # v2 cgroup ids of every container ever created (BPF map keys)
         self._next = 0
         cgfs.create(prefix, CONTROLLERS)
 
@@ -44,6 +45,9 @@ class Churn:
             rel = self.rel(self._next)
             self._next += 1
             self.cgfs.create(rel, CONTROLLERS)
+            cid = self.cgfs.cgroup_id(rel)
+            if cid is not None:
+                self.ids.add(cid)
             p = subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             self.cgfs.attach(rel, p.pid)  # a `sleep` does nothing before it sleeps: joining late is fine
@@ -228,6 +232,11 @@ def live_cgroup_ids(v2_root: str) -> set[int]:
             except OSError:
                 continue
     return ids
+
+
+def keys_among(pid: int, ids: set[int]) -> dict[int, int]:
+    """map id -> number of its keys that are in `ids` (e.g. the churned containers' cgroups)."""
+    return {map_id: len(keys & ids) for map_id, keys in hash_map_keys(pid).items()}
 
 
 def dead_keys(pid: int, v2_root: str) -> dict[int, int]:
