@@ -64,6 +64,8 @@ class RebalancerConfig:
     refill_bandwidth: float = setting(10e9, "Bytes per second at which a moved container refills its LLC footprint.", min=1.0)
     migration_bandwidth: float = setting(2e9, "Bytes per second at which the kernel migrates memory when cpuset.mems changes.", min=1.0)
     disruption_core_seconds: float = setting(0.01, "Fixed cost of any move (cold L1/L2, scheduler churn), core-seconds.", min=0.0)
+    # VM sandboxes (Kata, KubeVirt)
+    vm_overhead_mcpu: int = setting(0, "VMM overhead, in milli-CPU, added to a VM-sandboxed pod's CPU limits when sizing its vCPUs for the capacity constraint (the same meaning as vm.vmm_overhead_mcpu; keep the two equal).", min=0)
     # evaluation after a move
     settle_seconds: float = setting(30.0, "Time after a move before the victims' measured gain is compared with the prediction.", min=0.0)
     rollback_fraction: float = setting(0.25, "A move is rolled back when the realized gain is below this fraction of the predicted gain.", min=0.0, max=1.0)

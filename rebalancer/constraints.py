@@ -6,16 +6,21 @@
 * For every cpuset the planner hands out, the CPU requests of all containers whose cpuset lies
   within it, summed in milli-CPU and rounded up once (perfbalance.mcpu), fit in it.
 * AVX-512 islands are whole cores; `cpuset.mems` is the NUMA nodes of the new CPUs.
+* VM sandboxes (Kata, KubeVirt; `rebalancer.vm.Sandbox`): a sandboxed pod's demand is its vCPU
+  need (`sandbox_vcpus`: VMM overhead + limits, rounded up once) placed on its mask (the OR of its
+  containers' cpusets), not its containers' requests; its movable containers move together to
+  one target; a move keeps the number of CPUs on every host NUMA node (`check_numa_move`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.topoindex import TopoIndex
+from rebalancer.vm import Sandbox, check_numa_move, sandboxes
 
 
 def shareable(snapshot: Snapshot) -> frozenset[int]:
@@ -27,17 +32,50 @@ def shareable(snapshot: Snapshot) -> frozenset[int]:
     return frozenset(snapshot.topology.online.ids - taken)
 
 
+def demand_mcpu(placement: Mapping[str, frozenset[int]], requests: Mapping[str, int],
+                cpus: frozenset[int], vms: Sequence[Sandbox] = ()) -> int:
+    """CPU demand placed within `cpus`, milli-CPU: the requests of containers outside VM
+    sandboxes whose cpuset lies within it, plus the vCPUs of every sandbox whose mask does."""
+    inside = {m for sb in vms for m in sb.members}
+    need = mcpu.total(requests.get(cid, 0) for cid, s in placement.items()
+                      if s and s <= cpus and cid not in inside)
+    for sb in vms:
+        mask = sandbox_mask(placement, sb)
+        if mask and mask <= cpus:
+            need += sb.mcpu
+    return need
+
+
+def sandbox_mask(placement: Mapping[str, frozenset[int]], sb: Sandbox) -> frozenset[int]:
+    """Where the sandbox's vCPU threads may run: the OR of its containers' cpusets."""
+    return frozenset().union(*(placement.get(m, frozenset()) for m in sb.members))
+
+
 def requests_fit(placement: Mapping[str, frozenset[int]], requests: Mapping[str, int],
-                 cpus: frozenset[int]) -> bool:
-    """Requests of containers placed within `cpus`, rounded up once, fit in `cpus`."""
-    need = mcpu.total(requests.get(cid, 0) for cid, s in placement.items() if s and s <= cpus)
-    return mcpu.to_cpus(need) <= len(cpus)
+                 cpus: frozenset[int], vms: Sequence[Sandbox] = ()) -> bool:
+    """Demand placed within `cpus` (`demand_mcpu`), rounded up once, fits in `cpus`."""
+    return mcpu.to_cpus(demand_mcpu(placement, requests, cpus, vms)) <= len(cpus)
 
 
 def requests_needed(placement: Mapping[str, frozenset[int]], requests: Mapping[str, int],
-                    cpus: frozenset[int]) -> int:
-    return mcpu.to_cpus(mcpu.total(requests.get(cid, 0) for cid, s in placement.items()
-                                   if s and s <= cpus))
+                    cpus: frozenset[int], vms: Sequence[Sandbox] = ()) -> int:
+    return mcpu.to_cpus(demand_mcpu(placement, requests, cpus, vms))
+
+
+def numa_move_problem(idx: TopoIndex, snapshot: Snapshot, before: frozenset[int],
+                      after: frozenset[int]) -> str | None:
+    """`check_numa_move` for a VM-sandboxed container, with a cheap pre-check on the index."""
+    if _per_node(idx, before) == _per_node(idx, after):
+        return None
+    return check_numa_move(topology=snapshot.topology, before=CpuSet(before), after=CpuSet(after))
+
+
+def _per_node(idx: TopoIndex, cpus: frozenset[int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for c in cpus:
+        n = idx.node_of.get(c, -1)
+        out[n] = out.get(n, 0) + 1
+    return out
 
 
 def spans_needlessly(idx: TopoIndex, free: frozenset[int], cpus: frozenset[int]) -> bool:
@@ -58,22 +96,54 @@ def _ids(text: str) -> set[int]:
     return set(CpuSet.parse(text).ids)
 
 
-def violations(snapshot: Snapshot, plan: Plan) -> list[str]:
-    """Every broken constraint of `plan` against `snapshot` (empty when the plan is sound)."""
+def violations(snapshot: Snapshot, plan: Plan, *, vm_overhead_mcpu: int = 0) -> list[str]:
+    """Every broken constraint of `plan` against `snapshot` (empty when the plan is sound).
+
+    `vm_overhead_mcpu` must be the `RebalancerConfig.vm_overhead_mcpu` the plan was made with."""
     out: list[str] = []
     by_id = snapshot.by_id()
     idx = TopoIndex.build(snapshot.topology)
     placement = apply_actions(snapshot, plan.actions)
     requests = {s.id: s.container.request_mcpu for s in snapshot.containers}
+    vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=vm_overhead_mcpu)
     for a in plan.actions:
         if a.kind not in ("cpuset", "rollback") or (a.kind == "rollback" and a.undoes != "cpuset"):
             continue
         c = by_id[a.container].container
         cpus = frozenset(_ids(a.to))
         out += _placement_problems(snapshot, idx, a, c.exclusive, c.pod_uid, c.name, cpus)
-        if a.kind == "cpuset" and not requests_fit(placement, requests, cpus):
+        if a.kind == "cpuset" and not requests_fit(placement, requests, cpus, vms):
             out.append(f"{a.container}: requests within {a.to} need "
-                       f"{requests_needed(placement, requests, cpus)} CPUs")
+                       f"{requests_needed(placement, requests, cpus, vms)} CPUs")
+    return out + _sandbox_violations(snapshot, idx, plan, placement, requests, vms)
+
+
+def _sandbox_violations(snapshot: Snapshot, idx: TopoIndex, plan: Plan,
+                        placement: Mapping[str, frozenset[int]], requests: Mapping[str, int],
+                        vms: Sequence[Sandbox]) -> list[str]:
+    moves = {a.container: frozenset(_ids(a.to)) for a in plan.actions if a.kind == "cpuset"}
+    undo = {a.container: frozenset(_ids(a.to)) for a in plan.actions
+            if a.kind == "rollback" and a.undoes == "cpuset"}
+    before = {s.id: (s.container.cpuset.ids & idx.online) or idx.online for s in snapshot.containers}
+    out: list[str] = []
+    for sb in vms:
+        moved = [m for m in sb.members if m in moves]
+        if not moved:
+            continue
+        targets = {moves.get(m) for m in sb.movable}
+        if len(targets) != 1 or None in targets:
+            out.append(f"{sb.kind} pod {sb.pod}: only {moved} of {list(sb.movable)} move, or to "
+                       "different CPUs")
+        mask = sandbox_mask(placement, sb)
+        if not requests_fit(placement, requests, mask, vms):
+            out.append(f"{sb.kind} pod {sb.pod}: demand within its mask {_fmt(mask)} needs "
+                       f"{requests_needed(placement, requests, mask, vms)} CPUs")
+    for sb in vms:
+        for m in sb.members:
+            to = moves.get(m, undo.get(m))
+            why = None if to is None else numa_move_problem(idx, snapshot, before[m], to)
+            if why:
+                out.append(f"{m} ({sb.kind} pod {sb.pod}): {why}")
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfbalance import mcpu
 from perfbalance.model import Snapshot
@@ -14,6 +14,7 @@ from rebalancer.costmodel import CostModel, Evaluation, Layout
 from rebalancer.inputs import View, view
 from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
+from rebalancer.vm import Sandbox, sandboxes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,12 +32,18 @@ class Context:
     state: PlannerState
     rdt_class: str  # the aggressor class, "" when RDT actions are off
     unmovable: Mapping[str, str]  # container -> why it may not move now
+    sandboxes: tuple[Sandbox, ...] = ()  # VM-sandboxed pods (Kata, KubeVirt)
+    sandbox_of: Mapping[str, Sandbox] = field(default_factory=dict)  # container -> its sandbox
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
               smoothed: Mapping[str, Mapping[str, float]], now: float) -> Context:
         idx = TopoIndex.build(snapshot.topology)
-        views = {s.id: view(s, smoothed.get(s.id, {}), config) for s in snapshot.containers}
+        vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=config.vm_overhead_mcpu)
+        sandbox_of = {m: sb for sb in vms for m in sb.members}
+        views = {s.id: view(s, smoothed.get(s.id, {}), config,
+                            sandbox_of[s.id].pod if s.id in sandbox_of else "")
+                 for s in snapshot.containers}
         resctrl = snapshot.collectors.get("resctrl")
         rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
         model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt)
@@ -44,7 +51,8 @@ class Context:
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
-        return cls(unmovable=unmovable, snapshot=snapshot, config=config, now=now, idx=idx, views=views,
+        return cls(unmovable=unmovable, sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
+                   config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
 
@@ -52,11 +60,20 @@ class Context:
         """Whole CPUs for containers: their requests, or their usage plus headroom if larger.
 
         Milli-CPU amounts are summed and rounded up once; usage within `size_tolerance_cores`
-        above a whole CPU does not round up (measurement jitter of a busy loop).
+        above a whole CPU does not round up (measurement jitter of a busy loop). A VM sandbox
+        counts with all its movable containers and its vCPUs instead of their requests; one
+        sandbox moved alone keeps its size (its guest was built for that many CPUs).
         """
         cfg = self.config
-        requests = mcpu.total(self.views[c].request_mcpu for c in ids)
-        used = mcpu.total(mcpu.from_cores(self.views[c].usage * (1.0 + cfg.island_headroom)) for c in ids)
+        vms = {self.sandbox_of[c].pod: self.sandbox_of[c] for c in ids if c in self.sandbox_of}
+        plain = [c for c in ids if c not in self.sandbox_of]
+        if len(vms) == 1 and not plain:
+            (sb,) = vms.values()
+            return max(1, max((len(self.base.placement[m]) for m in sb.movable), default=1))
+        users = plain + [m for sb in vms.values() for m in sb.movable]
+        requests = mcpu.total(self.views[c].request_mcpu for c in plain)
+        requests += mcpu.total(sb.mcpu for sb in vms.values())
+        used = mcpu.total(mcpu.from_cores(self.views[c].usage * (1.0 + cfg.island_headroom)) for c in users)
         used = max(0, used - mcpu.from_cores(cfg.size_tolerance_cores))
         return max(1, mcpu.to_cpus(requests), mcpu.to_cpus(used))
 

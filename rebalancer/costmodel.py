@@ -46,7 +46,7 @@ class Group:
     m: float = 0.0  # LLC misses/s of members in the default RDT class
     mr: float = 0.0  # ... in the aggressor class
     b: float = 0.0  # memory bandwidth
-    req: int = 0  # CPU requests, milli-CPU
+    req: int = 0  # CPU requests of members outside VM sandboxes, milli-CPU
 
 
 @dataclass(slots=True)
@@ -152,7 +152,7 @@ class CostModel:
             g.mr += v.misses if restricted else 0.0
             g.m += 0.0 if restricted else v.misses
             g.b += v.bandwidth
-            g.req += v.request_mcpu
+            g.req += 0 if v.sandbox_pod else v.request_mcpu  # a VM pod's demand is its vCPUs
         return g
 
     def set_baseline(self, layout: Layout) -> None:

@@ -12,12 +12,16 @@ its cores clean), so the greedy loop in planner.py never needs half-finished int
 * llc_separate: a cache aggressor or a cache-sensitive victim moves to another L3 domain.
 * llc_rdt: a cache aggressor moves to the configured restricted RDT class.
 * bandwidth: a bandwidth-heavy container moves to a NUMA node with bandwidth to spare.
+
+VM sandboxes (docs/vm-sandboxes.md, "The planner"): every candidate that moves a container of a
+VM pod moves all the pod's movable containers to the same CPUs (they share the VM's floating
+vCPUs); evicted VM pods get CPUs with the same count per NUMA node when the node has them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfbalance.cpuset import CpuSet
 from rebalancer.allocator import allocate
@@ -36,6 +40,7 @@ class Decision:
     classes: Mapping[str, str] = field(default_factory=dict)
     allocated: frozenset[str] = frozenset()  # containers whose target came from the allocator
     island: frozenset[str] = frozenset()  # containers moved onto an AVX-512 island
+    followers: frozenset[str] = frozenset()  # moved only because their VM pod moves
 
 
 def candidates(ctx: Context, layout: Layout) -> list[Decision]:
@@ -46,7 +51,40 @@ def candidates(ctx: Context, layout: Layout) -> list[Decision]:
         out += _llc(ctx, layout, island)
     if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
         out += _bandwidth(ctx, layout, island)
-    return out
+    return [_whole_pods(ctx, d) for d in out] if ctx.sandboxes else out
+
+
+def _whole_pods(ctx: Context, d: Decision) -> Decision:
+    """Add the movable pod-mates of every VM-sandboxed container the decision moves, to the same
+    target (a decision that moves two of them to different CPUs is left for the planner to
+    refuse). VM targets are not held to "one NUMA node when it fits": they keep their shape."""
+    cpus = dict(d.cpus)
+    followers: set[str] = set()
+    for cid in sorted(d.cpus):
+        sb = ctx.sandbox_of.get(cid)
+        for m in sb.movable if sb is not None else ():
+            if m not in cpus:
+                cpus[m] = d.cpus[cid]
+                followers.add(m)
+    allocated = frozenset(c for c in d.allocated if c not in ctx.sandbox_of)
+    if not followers and allocated == d.allocated:
+        return d
+    return replace(d, cpus=cpus, followers=frozenset(followers), allocated=allocated)
+
+
+def _vm_shaped(ctx: Context, here: frozenset[int], avail: frozenset[int]) -> frozenset[int] | None:
+    """CPUs from `avail` with as many CPUs on each NUMA node as `here` has (None if impossible):
+    where an evicted VM pod can go without changing its guest's NUMA layout."""
+    out: set[int] = set()
+    for node, cpus in ctx.idx.nodes.items():
+        count = len(here & cpus)
+        if count:
+            got = (allocate(ctx.idx, here & avail & cpus, count, prefer_nodes=[node])
+                   or allocate(ctx.idx, avail & cpus, count, prefer_nodes=[node]))
+            if got is None:
+                return None
+            out |= got
+    return frozenset(out)
 
 
 # -- AVX-512 ------------------------------------------------------------------------------------
@@ -125,7 +163,10 @@ def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: fr
         for cid in layout.groups[here].members:
             if ctx.views[cid].heavy:
                 continue
-            if not rest:
+            shaped = _vm_shaped(ctx, here, ctx.free - target) if cid in ctx.sandbox_of else None
+            if shaped is not None:
+                cpus[cid] = shaped
+            elif not rest:
                 got = allocate(ctx.idx, ctx.free - target, ctx.need_cpus([cid]),
                                prefer_nodes=_prefer_nodes(ctx, here))
                 if got is None:
@@ -155,6 +196,8 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
             here = layout.placement[other]
             if other != cid and not ctx.views[other].heavy and here & siblings:
                 rest = (here & ctx.free) - siblings
+                if other in ctx.sandbox_of:
+                    rest = _vm_shaped(ctx, here, ctx.free - siblings) or rest
                 if not rest:
                     break
                 cpus[other] = rest

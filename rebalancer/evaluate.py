@@ -106,5 +106,5 @@ def _rollback(ctx: Context, p: Pending, realized: float) -> list[Action] | None:
 
 
 def _fits(ctx: Context, placement: Mapping[str, frozenset[int]], actions: list[Action]) -> bool:
-    return all(requests_fit(placement, ctx.requests, CpuSet.parse(a.to).ids)
+    return all(requests_fit(placement, ctx.requests, CpuSet.parse(a.to).ids, ctx.sandboxes)
                for a in actions if a.undoes == "cpuset")

@@ -42,6 +42,7 @@ class View(NamedTuple):
     rdt_class: str
     cpuset: frozenset[int]
     mems: frozenset[int]
+    sandbox_pod: str = ""  # pod key (rebalancer.vm.pod_key) when it runs in a VM sandbox
 
 
 def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float) -> dict[str, float]:
@@ -62,7 +63,8 @@ def smooth(snapshot: Snapshot, previous: Mapping[str, Mapping[str, float]],
                        for s in snapshot.containers})
 
 
-def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConfig) -> View:
+def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConfig,
+         sandbox_pod: str = "") -> View:
     c = sample.container
     usage = max(0.0, m.get("cpu_usage_cores", 0.0))
     misses = max(0.0, m.get("llc_misses_per_second", 0.0))
@@ -76,5 +78,5 @@ def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConf
         memory_bytes=int(max(c.memory_bytes, m.get("memory_bytes", 0.0))),
         ips_per_core=ips / usage if ips is not None and usage > 0.01 else None,
         exclusive=c.exclusive, rdt_class=c.rdt_class,
-        cpuset=c.cpuset.ids, mems=c.mems.ids,
+        cpuset=c.cpuset.ids, mems=c.mems.ids, sandbox_pod=sandbox_pod,
     )

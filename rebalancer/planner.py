@@ -21,7 +21,7 @@ from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.config import RebalancerConfig
-from rebalancer.constraints import spans_needlessly
+from rebalancer.constraints import numa_move_problem, sandbox_mask, spans_needlessly
 from rebalancer.context import Context
 from rebalancer.costmodel import Evaluation, Layout, move_cost
 from rebalancer.decisions import Decision, candidates
@@ -79,7 +79,7 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
         for d in candidates(ctx, layout):
             why = _blocked(ctx, d, moved_now, budget)
             after = None if why else layout.moved(ctx.model, d.cpus, d.classes)
-            why = why or _constraint(ctx, after, d)  # type: ignore[arg-type]
+            why = why or _constraint(ctx, layout, after, d)  # type: ignore[arg-type]
             if why or after is None:
                 _note(considered, d, why)
                 continue
@@ -114,17 +114,43 @@ def _blocked(ctx: Context, d: Decision, moved_now: set[str], budget: int) -> str
     return ""
 
 
-def _constraint(ctx: Context, after: Layout, d: Decision) -> str:
-    """Targets inside the shareable CPUs, one NUMA node when they fit, requests fit."""
+def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision) -> str:
+    """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
+    NUMA nodes, demand fits."""
     for cid, cpus in sorted(d.cpus.items()):
         if not cpus or not cpus <= ctx.free:
             return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
         if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
             return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
-    for cpus in sorted(set(d.cpus.values()), key=sorted):
+    why = _sandbox_constraint(ctx, layout, d)
+    if why:
+        return why
+    targets = set(d.cpus.values())
+    vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
+    masks = {sb.pod: sandbox_mask(after.placement, sb) for sb in ctx.sandboxes}
+    targets |= {masks[pod] for pod in vms}
+    for cpus in sorted(targets, key=sorted):
         need = mcpu.total(g.req for k, g in after.groups.items() if k <= cpus)
+        need += mcpu.total(sb.mcpu for sb in ctx.sandboxes if masks[sb.pod] and masks[sb.pod] <= cpus)
         if mcpu.to_cpus(need) > len(cpus):
             return f"constraint: CPU requests placed within {_fmt(cpus)} need {mcpu.to_cpus(need)} CPUs"
+    return ""
+
+
+def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
+    """A VM pod's movable containers move together to one target, each keeping its number of
+    CPUs on every host NUMA node (its guest NUMA layout; seed 003)."""
+    for cid in sorted(d.cpus):
+        sb = ctx.sandbox_of.get(cid)
+        if sb is None:
+            continue
+        split = sorted({_fmt(d.cpus[m]) if m in d.cpus else "(stays)" for m in sb.movable})
+        if len(split) > 1:
+            return (f"constraint: {sb.kind} pod {sb.pod} would be split ({', '.join(split)}); "
+                    "a VM pod's containers move together")
+        why = numa_move_problem(ctx.idx, ctx.snapshot, layout.placement[cid], d.cpus[cid])
+        if why:
+            return f"constraint: {cid} ({sb.kind} pod {sb.pod}): {why}"
     return ""
 
 
@@ -176,7 +202,9 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
     d = s.decision
     refill, migration, disruption = s.costs[cid]
     primary = cid == d.primary
-    reason = d.reason if primary or cid in d.island else f"{d.reason} (decision {seq}: {cid} makes room)"
+    reason = (d.reason if primary or cid in d.island else
+              f"{d.reason} (decision {seq}: {cid} moves with its VM pod)" if cid in d.followers else
+              f"{d.reason} (decision {seq}: {cid} makes room)")
     detail = {**common, "refill_seconds": refill, "migration_seconds": migration,
               "disruption_seconds": disruption}
     if cid in d.island:

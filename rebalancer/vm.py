@@ -20,6 +20,7 @@ applies the affinities this module plans.
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,51 @@ def vcpus_needed(*, overhead_mcpu: int, limits_mcpu: Iterable[int | None]) -> in
 def sandbox_vcpus(containers: Iterable[Container], *, overhead_mcpu: int) -> int:
     """`vcpus_needed` for a sandbox's containers (their `limit_mcpu`): the planner's capacity."""
     return vcpus_needed(overhead_mcpu=overhead_mcpu, limits_mcpu=(c.limit_mcpu for c in containers))
+
+
+# -- the planner's view of a sandbox ---------------------------------------------------------------
+
+def pod_key(c: Container) -> str:
+    """Containers of one pod share a sandbox: the pod UID, else the parent cgroup."""
+    return c.pod_uid or posixpath.dirname(c.cgroup.strip("/"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sandbox:
+    """A VM-sandboxed pod as the planner sees it: one unit of CPU demand and of movement.
+
+    Its `movable` containers (those without kubelet-dedicated CPUs) all run on the same floating
+    vCPUs, whose mask is the OR of their cpusets: they move together, to one target, or not at
+    all. Its CPU demand on that mask is `vcpus` whole CPUs (`sandbox_vcpus`), not the
+    containers' requests."""
+
+    pod: str
+    kind: str  # "kata" | "kubevirt" | whatever pod metadata said
+    members: tuple[str, ...]  # container ids, sorted
+    movable: tuple[str, ...]  # members without dedicated CPUs, sorted
+    vcpus: int
+
+    @property
+    def mcpu(self) -> int:
+        return self.vcpus * mcpu.MILLI
+
+
+def sandboxes(containers: Iterable[Container], *, overhead_mcpu: int) -> tuple[Sandbox, ...]:
+    """The VM sandboxes among `containers`: pods (by `pod_key`) with a container whose `sandbox`
+    is set. A negative limit (never valid) counts as no limit rather than stopping the planner."""
+    pods: dict[str, list[Container]] = {}
+    for c in containers:
+        pods.setdefault(pod_key(c), []).append(c)
+    out = []
+    for key, cs in sorted(pods.items()):
+        kinds = sorted({c.sandbox for c in cs if c.sandbox})
+        if not kinds:
+            continue
+        sane = [c for c in cs if c.limit_mcpu is None or c.limit_mcpu >= 0]
+        out.append(Sandbox(pod=key, kind=kinds[0], members=tuple(sorted(c.id for c in cs)),
+                           movable=tuple(sorted(c.id for c in cs if not c.exclusive)),
+                           vcpus=sandbox_vcpus(sane, overhead_mcpu=max(0, overhead_mcpu))))
+    return tuple(out)
 
 
 # -- where helper threads may run -----------------------------------------------------------------

@@ -18,11 +18,12 @@ def topo(cores: int = 4, threads: int = 2, packages: int = 1, l3: int = 1, model
 
 
 def sample(cid: str, cpus: str, *, request: int = 0, exclusive: bool = False, pod_uid: str = "",
-           mems: str = "", rdt: str = "", **metrics: float) -> ContainerSample:
+           mems: str = "", rdt: str = "", sandbox: str = "", limit: int | None = None,
+           **metrics: float) -> ContainerSample:
     return ContainerSample(
         container=Container(id=cid, name=cid, pod_uid=pod_uid or f"pod-{cid}", cgroup=f"test/{cid}",
                             cpuset=CpuSet.parse(cpus), mems=CpuSet.parse(mems), request_mcpu=request,
-                            exclusive=exclusive, rdt_class=rdt),
+                            limit_mcpu=limit, exclusive=exclusive, rdt_class=rdt, sandbox=sandbox),
         metrics=metrics)
 
 
