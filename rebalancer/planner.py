@@ -76,10 +76,11 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
     while True:
         best: Scored | None = None
         above: list[Scored] = []
+        masks = {sb.pod: sandbox_mask(layout.placement, sb) for sb in ctx.sandboxes}
         for d in candidates(ctx, layout):
             why = _blocked(ctx, d, moved_now, budget)
             after = None if why else layout.moved(ctx.model, d.cpus, d.classes)
-            why = why or _constraint(ctx, layout, after, d)  # type: ignore[arg-type]
+            why = why or _constraint(ctx, layout, after, d, masks)  # type: ignore[arg-type]
             if why or after is None:
                 _note(considered, d, why)
                 continue
@@ -114,9 +115,10 @@ def _blocked(ctx: Context, d: Decision, moved_now: set[str], budget: int) -> str
     return ""
 
 
-def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision) -> str:
+def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
+                masks: Mapping[str, frozenset[int]]) -> str:
     """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
-    NUMA nodes, demand fits."""
+    NUMA nodes, demand fits. `masks`: every VM pod's mask in `layout` (before `d`)."""
     for cid, cpus in sorted(d.cpus.items()):
         if not cpus or not cpus <= ctx.free:
             return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
@@ -127,7 +129,7 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision) -> str
         return why
     targets = set(d.cpus.values())
     vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
-    masks = {sb.pod: sandbox_mask(after.placement, sb) for sb in ctx.sandboxes}
+    masks = {**masks, **{pod: sandbox_mask(after.placement, sb) for pod, sb in vms.items()}}
     targets |= {masks[pod] for pod in vms}
     for cpus in sorted(targets, key=sorted):
         need = mcpu.total(g.req for k, g in after.groups.items() if k <= cpus)

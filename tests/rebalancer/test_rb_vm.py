@@ -162,3 +162,16 @@ def test_exclusive_vm_container_stays_while_its_pod_mates_move() -> None:
     p = plan(s, RebalancerConfig(), victim_stays(s), s.time)
     assert targets(p) == {"vm-a": "2-3", "vm-b": "2-3"}
     assert violations(s, p) == []
+
+
+@pytest.mark.parametrize("vm_cpus", ["0,8", "0-1,8-9"])
+def test_vm_pod_evicted_from_an_avx_island_keeps_its_cpus_per_node(vm_cpus: str) -> None:
+    t = topo(cores=4, threads=2, packages=2)  # node 0: CPUs 0-3 and their siblings 8-11
+    s = snap(t, sample("avx", "0-3,8-11", cpu_usage_cores=1.5, avx512_heavy=1.0, request=1000),
+             sample("web", "0-3,8-11", cpu_usage_cores=1.0, request=500),
+             sample("k1", vm_cpus, pod_uid="vm", sandbox="kata", limit=500, cpu_usage_cores=0.3),
+             sample("k2", vm_cpus, pod_uid="vm", sandbox="kata", limit=500, cpu_usage_cores=0.3))
+    moved = targets(plan(s, RebalancerConfig(), None, s.time))
+    island, vm = CpuSet.parse(moved["avx"]), CpuSet.parse(moved["k1"])
+    assert moved["k2"] == moved["k1"] and island.isdisjoint(vm)
+    assert per_node(t, vm) == per_node(t, CpuSet.parse(vm_cpus))
