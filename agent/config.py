@@ -8,6 +8,7 @@ that fails validation is rejected and the last good configuration stays in force
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import socket
@@ -230,7 +231,22 @@ def parse_config(text: str, *, source: str, node: str) -> Config:
         build(Config, merge(data, over), source=source, path="")
     if node in nodes:
         data = merge(data, nodes[node])
-    return build(Config, data, source=source)
+    return reconcile(build(Config, data, source=source), source=source)
+
+
+def reconcile(cfg: Config, *, source: str) -> Config:
+    """Settings that two parts read must agree: the VMM overhead is `vm.vmm_overhead_mcpu` for
+    the VMM-thread actuator and `rebalancer.vm_overhead_mcpu` for the (pure) planner's capacity
+    rule. Either may be set; both set and different is an error."""
+    vm, reb = cfg.vm.vmm_overhead_mcpu, cfg.rebalancer.vm_overhead_mcpu
+    if vm == reb:
+        return cfg
+    if vm and reb:
+        raise ConfigError(source, "rebalancer.vm_overhead_mcpu", reb,
+                          f"differs from vm.vmm_overhead_mcpu ({vm}); set one of them")
+    value = vm or reb
+    return dataclasses.replace(cfg, vm=dataclasses.replace(cfg.vm, vmm_overhead_mcpu=value),
+                               rebalancer=dataclasses.replace(cfg.rebalancer, vm_overhead_mcpu=value))
 
 
 def load_config(path: str | None, *, node: str | None = None) -> Config:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover
 from agent.config import Config, ConfigWatcher
 from agent.parts import Parts, build_parts
 from agent.report import AgentState, Applied, CycleReport, Realized
@@ -30,6 +31,8 @@ from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
 log = logging.getLogger("perfbalance.loop")
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+BACKOFF_BASE_SECONDS = 10.0  # a container whose action failed is left alone 10 s, 20 s, ... up to
+BACKOFF_MAX_SECONDS = 600.0  # ten minutes: permanent errors are never retried in a hot loop
 
 
 @dataclass
@@ -40,6 +43,7 @@ class CycleInputs:
     cycle: int = 0
     last_time: float = 0.0
     decisions: dict[str, list[Applied]] = field(default_factory=dict)  # planner decision -> its events
+    failures: dict[str, tuple[int, float]] = field(default_factory=dict)  # container -> (count, retry after)
 
 
 class Agent:
@@ -58,6 +62,7 @@ class Agent:
         self._stop = asyncio.Event()
         self._inputs = CycleInputs()
         self.parts: Parts | None = None
+        self.checkpoint: Checkpoint | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -137,11 +142,53 @@ class Agent:
 
     # -- one cycle (worker thread) -------------------------------------------------------
     def _prime(self) -> None:
-        """Open collectors and take a first reading so cycle 1 has a full window of rates."""
+        """Recover from the checkpoint, open collectors and take a first reading so that cycle 1
+        has a full window of rates."""
         assert self.parts is not None
-        containers, _ = self._discover([])
+        containers, kubelet = self._discover([])
+        if not self.dry_run:
+            self._recover(containers, kubelet)
         self.parts.collect(containers, time.time())
         self._inputs.last_time = time.time()
+
+    def _recover(self, containers: Sequence[Container], kubelet: Any) -> None:
+        """After a restart (SIGKILL included): finish or revert half-done moves, take back our
+        placements for drift detection, and carry dwell times and cooldowns over, so nothing
+        already placed is moved again."""
+        assert self.parts is not None
+        ck = self.checkpoint = Checkpoint(self.config.agent.run_dir, node=self.node)
+        data = ck.load()
+        if data is None:
+            return
+        usable = self.parts.topology.online - self.parts.unusable_cpus()
+        by_id = {c.id: c for c in containers}
+        for step in recover(data, containers, kubelet=kubelet, usable_cpus=usable):
+            ok = False
+            if step.action in ("finish", "revert") and step.container in by_id:
+                action = Action(kind=step.kind, container=step.container, frm="", to=step.value,
+                                mems=step.mems, reason=f"recovery: {step.action} ({step.reason})")
+                try:
+                    self.parts.apply(action, by_id[step.container])
+                    ok = step.action == "finish"
+                except PerfbalanceError as e:
+                    log.warning("recovery of %s failed: %s", step.container, e)
+            log.info("recovery: %s %s %s -> %s (%s)", step.action, step.kind, step.container,
+                     step.value or "-", step.reason)
+            self._checkpoint("end_move", step.container, ok=ok, kind=step.kind)
+        adopted = self.parts.cpusets.adopt(ck.cpuset_placements())
+        self._inputs.planner_state = planner_seed(data, containers, time.time())
+        log.info("restart: %d placement(s) of the previous run adopted", adopted)
+
+    def _checkpoint(self, method: str, *args: Any, errors: list[str] | None = None, **kw: Any) -> None:
+        """Record an intention; a failing write is reported, the cycle goes on."""
+        if self.checkpoint is None or self.dry_run:
+            return
+        try:
+            getattr(self.checkpoint, method)(*args, **kw)
+        except CheckpointError as e:
+            log.error("checkpoint: %s", e)
+            if errors is not None:
+                errors.append(f"checkpoint: {e}")
 
     def cycle_once(self) -> CycleReport:
         assert self.parts is not None
@@ -149,6 +196,9 @@ class Agent:
         self._maybe_reload(errors)
         now = time.time()
         containers, kubelet = self._discover(errors)
+        ids = {c.id for c in containers}
+        self._checkpoint("retain", ids, errors=errors)
+        self._inputs.failures = {k: v for k, v in self._inputs.failures.items() if k in ids}
         t0 = time.perf_counter()
         metrics = self.parts.collect(containers, now)
         errors.extend(self.parts.collector_errors())
@@ -220,6 +270,9 @@ class Agent:
             errors.append(f"planner: {e}")
             return Plan(time=now, state=self._inputs.planner_state)
         self._inputs.planner_state = plan.state
+        cooldowns = getattr(plan.state, "cooldown_until", None)
+        if cooldowns is not None:
+            self._checkpoint("set_cooldowns", cooldowns, errors=errors)
         return plan
 
     def _act(self, actions: Sequence[Action], snapshot: Snapshot, errors: list[str]) -> list[Applied]:
@@ -232,22 +285,44 @@ class Agent:
                             predicted_benefit=action.benefit, predicted_cost=action.cost,
                             time=time.time())
             container = by_id.get(action.container)
+            waiting = self._backing_off(action.container, event.time)
+            if waiting:
+                errors.append(f"{action.kind} of {action.container} to {action.to} skipped: {waiting}")
+                continue
+            kind = action.undoes if action.kind == "rollback" else action.kind
             try:
                 if container is None:
                     raise ContainerGone(action.container, "not in this cycle's snapshot")
+                self._checkpoint("begin_move", container.id, container.cgroup, action.frm, action.to,
+                                 kind, mems=action.mems, event_id=event.event_id, errors=errors)
                 self.parts.apply(action, container)
                 event = replace(event, ok=True)
                 self._count(action)
+                self._inputs.failures.pop(action.container, None)
             except ContainerGone as e:
                 event = replace(event, error=str(e))
                 errors.append(str(e))
             except PerfbalanceError as e:
                 event = replace(event, error=str(e))
                 errors.append(str(e))
+                self._failed(action.container, event.time)
                 with self.state.lock:
                     self.state.action_errors_total[type(e).__name__] += 1
+            if container is not None:
+                self._checkpoint("end_move", container.id, ok=event.ok, kind=kind, errors=errors)
             out.append(event)
         return out
+
+    def _failed(self, container: str, now: float) -> None:
+        count = self._inputs.failures.get(container, (0, 0.0))[0] + 1
+        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (count - 1))
+        self._inputs.failures[container] = (count, now + delay)
+
+    def _backing_off(self, container: str, now: float) -> str:
+        count, until = self._inputs.failures.get(container, (0, 0.0))
+        if until <= now:
+            return ""
+        return f"backing off after {count} failed attempt(s), next try in {until - now:.0f}s"
 
     def _count(self, action: Action) -> None:
         with self.state.lock:

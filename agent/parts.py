@@ -131,6 +131,8 @@ class Parts:
             containers = []
         if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
+        if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
+            containers = mark_sandboxed(containers, {s.pod for s in self.vms.sandboxes()})
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         return containers, self.kubelet
@@ -241,6 +243,14 @@ def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) ->
             c = dataclasses.replace(c, exclusive=True)
         out.append(c)
     return out
+
+
+def mark_sandboxed(containers: Sequence[Container], vm_pods: set[str]) -> list[Container]:
+    """Containers of pods where a VMM runs get `sandbox="vm"` unless pod metadata named the kind."""
+    from agent.vmm import pod_key
+
+    return [dataclasses.replace(c, sandbox="vm") if not c.sandbox and pod_key(c) in vm_pods else c
+            for c in containers]
 
 
 def build_parts(config: Config, node: str, config_source: str = "embedded defaults") -> Parts:

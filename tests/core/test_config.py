@@ -75,3 +75,16 @@ def test_bare_yaml_on_off_mean_the_words(text, want):
 def test_a_bool_is_not_accepted_where_on_off_is_not_a_choice():
     with pytest.raises(ConfigError):
         parse_config("agent:\n  log_level: on\n", source="c.yaml", node="n")
+
+
+@pytest.mark.parametrize("text", ["vm: {vmm_overhead_mcpu: 250}\n", "rebalancer: {vm_overhead_mcpu: 250}\n",
+                                  "vm: {vmm_overhead_mcpu: 250}\nrebalancer: {vm_overhead_mcpu: 250}\n"])
+def test_vmm_overhead_is_one_setting_for_actuator_and_planner(text):
+    cfg = parse_config(text, source="c.yaml", node="n")
+    assert cfg.vm.vmm_overhead_mcpu == cfg.rebalancer.vm_overhead_mcpu == 250
+
+
+def test_conflicting_vmm_overheads_are_an_error():
+    with pytest.raises(ConfigError) as e:
+        parse_config("vm: {vmm_overhead_mcpu: 250}\nrebalancer: {vm_overhead_mcpu: 100}\n", source="c.yaml", node="n")
+    assert "vm_overhead_mcpu" in str(e.value) and "250" in str(e.value)

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
 
 
 def test_demo_islands_the_avx512_workload_and_cleans_up():
-    res = run_agent("demo", "--seconds", "10", "--interval", "1", timeout=180)
+    res = run_agent("demo", "--seconds", "20", "--interval", "1", timeout=240)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert re.search(rf"moved: {DEMO_BASE}:avx512 0-1 -> \d$", out, re.M), out
