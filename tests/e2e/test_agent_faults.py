@@ -138,3 +138,69 @@ def test_sigterm_stops_cleanly_within_the_grace_period(write_config):
     res = run_agent("run", "--config", str(cfg), "--cycles", "1", "--interval", "0.5")
     assert res.returncode == 0, res.stderr
     assert lock.parent.is_dir()
+
+
+async def test_a_permanently_failing_move_backs_off_instead_of_retrying_every_cycle(demo_workloads, write_config):
+    import errno as _errno
+
+    from perfbalance.errors import CpusetError
+
+    calls: list[str] = []
+
+    class RefusingParts(Parts):
+        def apply(self, action: Action, container: Container) -> None:
+            calls.append(container.id)
+            raise CpusetError(_errno.EINVAL, container.id, "cpuset.cpus", action.to)
+
+    cfg = write_config({"rebalancer": {"dwell_seconds": 0.0, "cooldown_seconds": 0.0}})
+    agent, out = _agent(cfg, cycles=8, interval=0.3,
+                        parts_factory=lambda c, n, s: RefusingParts(c, n, config_source=s))
+    assert await agent.run() == 0
+    reports = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(reports) == 8
+    per_container = {cid: calls.count(cid) for cid in set(calls)}
+    assert per_container and max(per_container.values()) == 1, per_container  # 10 s backoff > 8 x 0.3 s
+    assert any("backing off" in e for r in reports for e in r["errors"])
+    assert agent.state.action_errors_total["CpusetError"] >= 1
+
+
+async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write_config):
+    import threading
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cfg = write_config()
+    agent, _ = _agent(cfg, cycles=10, interval=0.2)
+    results: list[int] = []
+    stop = threading.Event()
+
+    def scrape() -> None:  # until cycle 9 of 10: the server closes when the agent stops
+        while not stop.is_set() and (agent.state.latest is None or agent.state.latest.cycle < 9):
+            port = agent.config.metrics.listen.rsplit(":", 1)[1]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    list(text_string_to_metric_families(r.read().decode()))  # parses
+                    results.append(r.status)
+            except OSError:
+                if agent.state.ready:
+                    results.append(-1)
+
+    async def flip() -> None:
+        good = cfg.read_text()
+        for i in range(20):
+            cfg.write_text(good.replace("dwell_seconds: 0.0", f"dwell_seconds: {i}.5") if i % 2 else "agent: [broken\n")
+            await asyncio.sleep(0.07)
+        cfg.write_text(good)
+
+    t = threading.Thread(target=scrape, daemon=True)
+    t.start()
+    flipper = asyncio.create_task(flip())
+    try:
+        assert await agent.run() == 0
+    finally:
+        stop.set()
+        await flipper
+        t.join(timeout=10)
+    assert results and set(results) == {200}, results[-5:]
+    assert agent.state.config_reloads_total["invalid"] >= 1 and agent.state.config_reloads_total["ok"] >= 1
