@@ -8,6 +8,7 @@ run: setup-run
 	.venv/bin/perfbalance run $(ARGS)
 
 test: setup-test
+	.venv/bin/ruff check -q .
 	.venv/bin/lint-imports
 	$(PY) -m pytest -p no:cacheprovider $(ARGS)
 

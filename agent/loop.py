@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,7 +23,6 @@ from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover
 from agent.config import Config, ConfigWatcher
 from agent.parts import Parts, build_parts
 from agent.report import AgentState, Applied, CycleReport, Realized
-from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
 
@@ -92,11 +90,14 @@ class Agent:
         return 0
 
     async def _cycles(self) -> None:
-        interval = self.config.agent.interval_seconds
+        started = time.monotonic()
         while not self._stop.is_set():
             if self.cycles is not None and self._inputs.cycle >= self.cycles:
                 break
-            if await self._sleep(interval):
+            # Fixed rate: the window is the interval (re-read: a reload may change it), not
+            # the interval plus however long the last cycle took.
+            interval = self.config.agent.interval_seconds
+            if await self._sleep(max(0.0, interval - (time.monotonic() - started))):
                 break
             started = time.monotonic()
             try:
@@ -105,10 +106,10 @@ class Agent:
                 log.exception("cycle %d failed; the agent keeps its last good state", self._inputs.cycle + 1)
                 with self.state.lock:
                     self.state.collector_errors_total["cycle"] += 1
-                if self.state.latest is not None:
-                    report = replace(self.state.latest, errors=(f"cycle failed: {type(e).__name__}: {e}",))
-                else:
+                if self.state.latest is None:
                     continue
+                report = replace(self.state.latest, applied=(), realized=(),
+                                 errors=(f"cycle failed: {type(e).__name__}: {e}",))
             self.state.publish(report)
             await self.parts_publish(report)
             if self.json_out is not None:
@@ -371,15 +372,3 @@ def _reason_label(reason: str) -> str:
     """A bounded label for a free-text reason: its first word (e.g. 'avx512', 'llc', 'drift')."""
     head = reason.split(":", 1)[0].split()[0] if reason.strip() else "unknown"
     return "".join(ch for ch in head.lower() if ch.isalnum() or ch in "-_")[:32] or "unknown"
-
-
-def unusable(reserved: CpuSet, isolated: CpuSet, allow_isolated: bool) -> CpuSet:
-    return reserved if allow_isolated else reserved | isolated
-
-
-def write_line(out: TextIO, obj: Any) -> None:
-    out.write(json.dumps(obj) + "\n")
-    out.flush()
-
-
-__all__ = ["Agent", "unusable", "write_line", "sys"]

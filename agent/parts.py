@@ -23,7 +23,7 @@ from agent.sysfs import read_topology
 from collectors.base import Collector
 from collectors.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
-from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
+from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
 from perfbalance.host import HostPaths
 from perfbalance.model import Action, CollectorStatus, Container, KubeletState, Snapshot
 from perfbalance.topology import Topology

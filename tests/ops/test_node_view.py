@@ -14,7 +14,6 @@ import ops_synth as s
 import pytest
 
 from agent.http import NodeServer, serve_http
-from agent.report import Realized
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

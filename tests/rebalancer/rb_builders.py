@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container, ContainerSample, KubeletState, Snapshot
 from perfbalance.topology import Topology, synthetic
-from rebalancer import RebalancerConfig
 
 SKYLAKE = "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz"
 
