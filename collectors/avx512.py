@@ -142,8 +142,9 @@ class Avx512Collector:
         pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
         self.defines = {"PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
         self._bpf = env.load(bpf.render("avx512", self.defines))
-        self._map = bpfenv.CountingMap(self._bpf[b"avx_counts"], fields=FIELDS,
-                                       batch=env.batch_reads, max_keys=self.config.max_keys)
+        live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._map = bpfenv.CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
+                                       max_keys=self.config.max_keys, live=live)
         self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)

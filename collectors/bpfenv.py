@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from perfbalance.errors import FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.host import HostPaths
+from perfbalance.safefs import read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,30 @@ def kernel_ok(version: KernelVersion, feature: str) -> bool:
     return any(r.feature == feature and version >= r.minimum for r in REQUIREMENTS)
 
 
+# Bounds of every host file read here (a corrupt or hostile file is an error, not a memory spike).
+OSRELEASE_MAX_BYTES = 256  # /proc/sys/kernel/osrelease: __NEW_UTS_LEN is 64
+MARKER_MAX_BYTES = 64 << 10  # our merged-headers marker: a few absolute paths
+PROC_CGROUP_MAX_BYTES = 64 << 10  # /proc/<pid>/cgroup: one line per hierarchy
+FDINFO_MAX_BYTES = 64 << 10  # /proc/self/fdinfo/<fd> of a BPF program: a dozen lines
+
+
+def read_small(path: str, limit: int, what: str) -> str:
+    """A whole host file of at most `limit` bytes; ParseError naming it beyond, OSError as is."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = read_bounded(fd, limit, path)
+    except OverflowError:
+        raise ParseError(what, path, f"larger than {limit} bytes") from None
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8", errors="replace")
+
+
 def running_release(host: HostPaths) -> str:
     """The running kernel's release (from procfs, so a container sees the host's)."""
     try:
-        with open(os.path.join(host.procfs, "sys/kernel/osrelease")) as f:
-            return f.read().strip()
+        return read_small(os.path.join(host.procfs, "sys/kernel/osrelease"), OSRELEASE_MAX_BYTES,
+                          "kernel release file").strip()
     except OSError:
         return os.uname().release
 
@@ -205,10 +225,9 @@ MARKER = ".perfbalance-parts"
 
 def _read_marker(dest: str) -> str | None:
     try:
-        with open(os.path.join(dest, MARKER)) as f:
-            return f.read()
-    except OSError:
-        return None
+        return read_small(os.path.join(dest, MARKER), MARKER_MAX_BYTES, "merged headers marker")
+    except (OSError, ParseError):
+        return None  # absent, or not one of ours: the tree is rebuilt
 
 
 def _merge_into(parts: list[str], dest: str) -> None:
@@ -403,7 +422,10 @@ def _has_v2(host: HostPaths) -> bool:
 
 def probe(host: HostPaths, *, mount_tracefs: bool = False) -> dict[str, Any]:
     """What `perfbalance doctor` shows about BPF on this node. Never raises."""
-    release = running_release(host)
+    try:
+        release = running_release(host)
+    except ParseError as e:
+        release = f"unreadable ({e})"
     out: dict[str, Any] = {"available": False, "reason": "", "bcc_version": bcc_version(),
                            "kernel": {"release": release}, "tracefs": host.tracefs}
     try:
@@ -484,6 +506,11 @@ class DeltaTable:
     def keys(self) -> list[int]:
         return list(self._prev)
 
+    def forget(self, keys: Iterable[int]) -> None:
+        """Drop rows of keys deleted from the map (the table never holds a key the map lost)."""
+        for k in keys:
+            self._prev.pop(k, None)
+
 
 # --- which map keys belong to which container ---------------------------------------------------
 
@@ -521,7 +548,11 @@ class KeyMap:
         if self.pid_keys:
             by_cgroup = {c.cgroup.strip("/"): c.id for c in containers}
             for k in map_keys:
-                if k not in out and (cid := container_of_pid(self.procfs, k, by_cgroup)):
+                try:
+                    cid = None if k in out else container_of_pid(self.procfs, k, by_cgroup)
+                except ParseError:
+                    continue  # a /proc/<pid>/cgroup beyond its bound: not attributable
+                if cid:
                     out[k] = (cid, os.path.join(self.procfs, str(k)))
         return out
 
@@ -560,13 +591,120 @@ def stale_keys(before: Mapping[int, tuple[str, str]], now: Mapping[int, tuple[st
     return [k for k, (_, path) in before.items() if k not in now and not os.path.exists(path)]
 
 
+# A sweep of what is alive starts every SWEEP_PERIOD_CYCLES cycles and visits at most
+# SWEEP_BUDGET cgroups per cycle (about 6 us each on kernfs: one fstatat per child directory, plus
+# an open and a getdents for the few that have children), so a node with 3000 cgroups costs one
+# ~20 ms cycle in five, and a larger one spreads its sweep over several cycles.
+SWEEP_PERIOD_CYCLES = 5
+SWEEP_BUDGET = 2000
+
+
+class LiveKeys:
+    """Which map keys still name something that exists: a bounded, resumable sweep.
+
+    Keys are v2 cgroup ids (the directory's inode, which readdir returns for free) or, in pid
+    mode, process ids (one listing of procfs). A sweep takes the map's keys at its start as
+    candidates and reports those it did not find alive when it ends. That is exact, not a
+    heuristic: cgroup ids are never reused, and a cgroup alive from the start to the end of the
+    sweep is always seen, because its ancestors cannot be removed while it exists, and a
+    directory is descended into whenever its link count says it has subdirectories (kernfs keeps
+    st_nlink = 2 + subdirectories; other filesystems' 1 or >2 are descended too). Live cgroups
+    that no container owns (system services, pods created and removed between two discoveries)
+    are thereby told apart from dead ones without being deleted and re-inserted every cycle.
+    """
+
+    def __init__(self, cgroupfs: Any, *, pid_keys: bool, procfs: str = "/proc",
+                 period: int = SWEEP_PERIOD_CYCLES, budget: int = SWEEP_BUDGET) -> None:
+        self.cgroupfs, self.pid_keys, self.procfs = cgroupfs, pid_keys, procfs
+        self.period, self.budget = max(1, period), max(1, budget)
+        self.sweeps = 0  # completed sweeps (for tests and `bench collect`)
+        self._cycle = 0
+        self._last_start: int | None = None
+        self._running = False
+        self._candidates: set[int] = set()
+        self._seen: set[int] = set()
+        self._stack: list[str] = []
+
+    def step(self, keys: Iterable[int]) -> set[int]:
+        """One cycle: start a sweep when due, advance it by at most `budget` cgroups, and when it
+        completes return the candidates it did not find alive (else an empty set)."""
+        self._cycle += 1
+        if not self._running:
+            if self._last_start is not None and self._cycle - self._last_start < self.period:
+                return set()
+            try:
+                self._begin(keys)
+            except (OSError, PerfbalanceError):
+                self._running = False  # no v2 root or procfs this cycle: try again next period
+                return set()
+        if not self._advance():
+            return set()
+        dead = self._candidates - self._seen
+        self._running, self._candidates, self._seen = False, set(), set()
+        self.sweeps += 1
+        return dead
+
+    def _begin(self, keys: Iterable[int]) -> None:
+        self._running, self._last_start = True, self._cycle
+        self._candidates, self._seen = set(keys), set()
+        if self.pid_keys:
+            self._seen = {int(n) for n in os.listdir(self.procfs) if n.isdigit()}
+            self._stack = []
+            return
+        root_fd = self.cgroupfs.open_dir("", None)
+        try:
+            self._seen.add(os.fstat(root_fd).st_ino)
+        finally:
+            os.close(root_fd)
+        self._stack = [""]
+
+    def _advance(self) -> bool:
+        """Visit cgroups until the budget is spent; True when the sweep is complete."""
+        visited = 0
+        while self._stack and visited < self.budget:
+            visited += self._visit(self._stack.pop())
+        return not self._stack
+
+    def _visit(self, rel: str) -> int:
+        """Record the children of one v2 cgroup; queue those with children of their own."""
+        try:
+            fd = self.cgroupfs.open_dir(rel, None)
+        except (OSError, PerfbalanceError):
+            return 1  # removed meanwhile (its whole subtree is gone too), or refused
+        n = 0
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    if not e.is_dir(follow_symlinks=False):
+                        continue
+                    n += 1
+                    self._seen.add(e.inode())
+                    if _may_have_subdirs(e):
+                        self._stack.append(f"{rel}/{e.name}" if rel else e.name)
+        except OSError:
+            pass  # removed while listing: what was listed is still valid
+        finally:
+            os.close(fd)
+        return max(n, 1)
+
+
+def _may_have_subdirs(e: os.DirEntry[str]) -> bool:
+    try:
+        return e.stat(follow_symlinks=False).st_nlink != 2
+    except OSError:
+        return False  # removed since readdir
+
+
 class CountingMap:
     """A BPF hash of cumulative counters, read non-destructively into per-key deltas."""
 
-    def __init__(self, table: Any, *, fields: Sequence[str], batch: bool, max_keys: int) -> None:
+    def __init__(self, table: Any, *, fields: Sequence[str], batch: bool, max_keys: int,
+                 live: LiveKeys | None = None) -> None:
         self.table, self.fields, self.batch, self.max_keys = table, tuple(fields), batch, max_keys
+        self.live = live
         self._delta = DeltaTable()
         self.size = 0
+        self.deleted_total = 0
 
     def deltas(self) -> dict[int, tuple[int, ...]]:
         rows = read_table(self.table, batch=self.batch, fields=self.fields)
@@ -577,8 +715,14 @@ class CountingMap:
     def nearly_full(self) -> bool:
         return self.size >= 0.8 * self.max_keys
 
+    @property
+    def rows(self) -> int:
+        """Rows of the Python-side delta table (mirrors the map as of the last read and deletes)."""
+        return len(self._delta)
+
     def delete(self, keys: Iterable[int]) -> int:
-        """Delete entries (of vanished cgroups/processes); the next read forgets them too."""
+        """Delete entries (of vanished cgroups/processes) and our rows of them."""
+        keys = list(keys)
         n = 0
         for k in keys:
             try:
@@ -586,11 +730,18 @@ class CountingMap:
                 n += 1
             except (KeyError, OSError):
                 continue
+        self._delta.forget(keys)
+        self.size = max(0, self.size - n)
+        self.deleted_total += n
         return n
 
     def prune(self, before: Mapping[int, tuple[str, str]], now: Mapping[int, tuple[str, str]]) -> int:
-        """Drop entries of vanished containers; when nearly full, also entries no container owns."""
+        """Drop entries of vanished containers at once, entries of any other cgroup (or process)
+        that no longer exists when a sweep of what is alive completes (LiveKeys), and, as a last
+        resort when the map is nearly full, every entry no container owns."""
         doomed = set(stale_keys(before, now))
+        if self.live is not None:
+            doomed |= self.live.step(self._delta.keys())
         if self.nearly_full:
             doomed |= {k for k in self._delta.keys() if k not in now}
         return self.delete(doomed)
@@ -611,10 +762,10 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 def container_of_pid(procfs: str, pid: int, by_cgroup: Mapping[str, str]) -> str | None:
     """The container whose cgroup (or an ancestor of the process's cgroup) matches, via /proc."""
     try:
-        with open(os.path.join(procfs, str(pid), "cgroup")) as f:
-            paths = parse_proc_cgroup(f.read())
+        text = read_small(os.path.join(procfs, str(pid), "cgroup"), PROC_CGROUP_MAX_BYTES, "process cgroup file")
     except OSError:
         return None
+    paths = parse_proc_cgroup(text)
     for path in paths.values():
         rel = path.strip("/")
         while rel:
@@ -665,6 +816,6 @@ def parse_fdinfo(text: str) -> dict[str, str]:
 
 def prog_stats(procfs: str, fd: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a loaded program of this process."""
-    with open(os.path.join(procfs, "self", "fdinfo", str(fd))) as f:
-        info = parse_fdinfo(f.read())
+    info = parse_fdinfo(read_small(os.path.join(procfs, "self", "fdinfo", str(fd)), FDINFO_MAX_BYTES,
+                                   "BPF program fdinfo"))
     return int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0))

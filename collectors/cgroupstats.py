@@ -93,13 +93,10 @@ class FileCache:
             raise
 
     def _open(self, rel: str, controller: str | None, name: str) -> int:
-        path = os.path.join(self.cgroupfs.dir(rel, controller), name)
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENODEV):
-                raise ContainerGone(rel or "/", f"{path}: {e.strerror}") from None
-            raise
+        """Through Cgroupfs's safe open: a symlink or mount crossing anywhere on the way is
+        refused (CgroupPathRefused), a vanished cgroup is ContainerGone, a control file missing
+        from a live cgroup is CgroupfsError(ENOENT)."""
+        return int(self.cgroupfs.open_file(rel, controller, name))
 
     def _close(self, key: tuple[str, str | None, str]) -> None:
         fd = self._fds.pop(key, None)
@@ -224,12 +221,18 @@ class CgroupStatsCollector:
         """A file that some cgroups lack (the root's memory.current, a controller not enabled)."""
         try:
             return f.read(rel, controller, name)
+        except cg.CgroupPathRefused:
+            raise
+        except cg.CgroupfsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            return None  # the cgroup is there, this file is not
         except ContainerGone:
             # Gone only if the container's CPU cgroup is gone too: a container need not have a
             # cgroup in every hierarchy of a hybrid host (e.g. none in v1 memory).
-            if os.path.isdir(self.cgroupfs.dir(rel, controller)):
+            if self.cgroupfs.exists(rel, controller):
                 return None
-            if not os.path.isdir(self.cgroupfs.dir(rel, "cpu" if self._cpu_v1 else None)):
+            if not self.cgroupfs.exists(rel, "cpu" if self._cpu_v1 else None):
                 raise
             return None
 

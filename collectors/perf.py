@@ -160,22 +160,32 @@ def scaled(counter: int, enabled: int, running: int) -> float:
     return counter * (enabled / running) if enabled > running else float(counter)
 
 
+CPULIST_MAX_BYTES = 64 << 10  # sysfs cpu lists fit in a page; anything bigger is not a cpu list
+
+
+def _cpulist(sysfs: str, name: str) -> str:
+    path = os.path.join(sysfs, "devices/system/cpu", name)
+    return bpfenv.read_small(path, CPULIST_MAX_BYTES, f"cpu list {name}").strip()
+
+
 def online_cpus(sysfs: str = "/sys") -> list[int]:
     from perfbalance.cpuset import CpuSet  # noqa: PLC0415
     try:
-        with open(os.path.join(sysfs, "devices/system/cpu/online")) as f:
-            return sorted(CpuSet.parse(f.read().strip()))
+        return sorted(CpuSet.parse(_cpulist(sysfs, "online")))
     except OSError:
         return list(range(os.cpu_count() or 1))
 
 
 def possible_cpus(sysfs: str = "/sys") -> int:
+    """Highest possible CPU + 1 (the perf array's stride); an unparsable list raises ParseError."""
     from perfbalance.cpuset import CpuSet  # noqa: PLC0415
     try:
-        with open(os.path.join(sysfs, "devices/system/cpu/possible")) as f:
-            return max(CpuSet.parse(f.read().strip())) + 1
-    except (OSError, ValueError):
+        cpus = CpuSet.parse(_cpulist(sysfs, "possible"))
+    except OSError:
         return os.cpu_count() or 1
+    if not cpus:
+        raise ParseError("cpu list possible", "", "empty", source=sysfs)
+    return max(cpus) + 1
 
 
 def probe_events(names: Sequence[str] = ("cycles", "instructions", "llc_references", "llc_misses",
@@ -351,8 +361,9 @@ class BpfPerfCollector(_Base):
                             "PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
             self._bpf = env.load(bpf.render("pmu", self.defines))
             self._open_into(self._bpf[b"pmu_events"], ncpu)
+            live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
             self._map = bpfenv.CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
-                                           batch=env.batch_reads, max_keys=self.config.max_keys)
+                                           batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
             self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()
@@ -430,7 +441,8 @@ class CgroupPerfCollector(_Base):
         if c.id in self._open:
             return self._open[c.id]
         opened: list[tuple[int, int]] = []
-        dfd = os.open(self.cgroupfs.dir(c.cgroup, self._controller), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Safe open: a symlinked cgroup path would count someone else's cgroup (CgroupPathRefused).
+        dfd = self.cgroupfs.open_dir(c.cgroup, self._controller)
         try:
             for i, e in enumerate(self.events):
                 for cpu in online_cpus(self.host.sysfs):
@@ -474,7 +486,7 @@ class CgroupPerfCollector(_Base):
             prev = self._prev.get(c.id, {})
             self._prev[c.id] = cur
             raws[c.id] = _raw_delta(cur, prev, len(self.events))
-        return self._metrics(containers, raws, window)
+        return self._metrics([c for c in containers if c.id in raws], raws, window)  # no zeros for the unread
 
     def _forget(self, cid: str) -> None:
         for _, fd in self._open.pop(cid, []):

@@ -16,7 +16,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from collectors.base import Metrics
-from perfbalance.errors import ContainerGone, ResctrlError
+from collectors.bpfenv import LogOnce
+from perfbalance.errors import ContainerGone, PerfbalanceError, ResctrlError
 from perfbalance.model import CollectorStatus, Container
 from resctrl.fs import Counter
 from resctrl.manager import ResctrlManager
@@ -55,6 +56,7 @@ class ResctrlMonCollector:
         self._last: dict[str, float] = {}  # container -> time of its previous sample
         self.class_metrics: ResctrlMetrics | None = None  # per class and budget, for exporters
         self._logged = False
+        self._log = LogOnce(log)
 
     def start(self) -> CollectorStatus:
         m = self.manager
@@ -84,6 +86,9 @@ class ResctrlMonCollector:
                 continue
             except ResctrlError as e:
                 log.warning("resctrl monitoring of %s: %s", c.id, e)
+                continue
+            except PerfbalanceError as e:  # a refused (symlinked) or oversized thread list
+                self._log.warning(f"resctrl monitoring of {c.id}: {e}")
                 continue
             if metrics is not None:
                 out[c.id] = metrics

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfbalance.errors import FeatureUnavailable, ParseError
+from perfbalance.safefs import RDTGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic, magic_name, read_bounded
 from resctrl.schemata import Schemata
 
 CACHE_RESOURCES = ("L3", "L3CODE", "L3DATA", "L2", "L2CODE", "L2DATA")
@@ -29,6 +30,7 @@ _MON_DIR = re.compile(r"^mon_(L3|L2)_(\d+)$")
 class MountInfo:
     path: str
     options: frozenset[str] = frozenset()
+    fstype: str = ""  # as the mount table says ("resctrl"); "" when the mount was given, not found
 
     @property
     def cdp(self) -> bool:
@@ -125,7 +127,7 @@ def parse_mounts(text: str) -> MountInfo | None:
         fields = line.split()
         if len(fields) >= 4 and fields[2] == "resctrl":
             path = fields[1].replace("\\040", " ")
-            return MountInfo(path=path, options=frozenset(fields[3].split(",")))
+            return MountInfo(path=path, options=frozenset(fields[3].split(",")), fstype="resctrl")
     return None
 
 
@@ -139,12 +141,22 @@ def parse_int(text: str, what: str, *, base: int = 10, source: str = "") -> int:
     return value
 
 
+def required(files: Mapping[str, str], name: str, *, source: str = "") -> str:
+    """The text of info file `name`, or a ParseError naming the file that is missing."""
+    try:
+        return files[name]
+    except KeyError:
+        where = f"{source}/{name}" if source else name
+        have = ", ".join(sorted(files)) or "none"
+        raise ParseError("resctrl info file", where, f"missing (files present: {have})", source=source) from None
+
+
 def parse_cache_info(name: str, files: Mapping[str, str], domains: tuple[int, ...], *, source: str = "") -> CacheInfo:
     return CacheInfo(
         name=name, domains=domains,
-        cbm_mask=parse_int(files["cbm_mask"], "cbm_mask", base=16, source=source),
-        min_cbm_bits=parse_int(files["min_cbm_bits"], "min_cbm_bits", source=source),
-        num_closids=parse_int(files["num_closids"], "num_closids", source=source),
+        cbm_mask=parse_int(required(files, "cbm_mask", source=source), "cbm_mask", base=16, source=source),
+        min_cbm_bits=parse_int(required(files, "min_cbm_bits", source=source), "min_cbm_bits", source=source),
+        num_closids=parse_int(required(files, "num_closids", source=source), "num_closids", source=source),
         shareable_bits=parse_int(files.get("shareable_bits", "0"), "shareable_bits", base=16, source=source),
         sparse_masks=files.get("sparse_masks", "0").strip() == "1",
     )
@@ -153,9 +165,9 @@ def parse_cache_info(name: str, files: Mapping[str, str], domains: tuple[int, ..
 def parse_mb_info(files: Mapping[str, str], domains: tuple[int, ...], *, mbps: bool, source: str = "") -> MbInfo:
     return MbInfo(
         domains=domains, mbps=mbps,
-        num_closids=parse_int(files["num_closids"], "num_closids", source=source),
-        bandwidth_gran=max(1, parse_int(files["bandwidth_gran"], "bandwidth_gran", source=source)),
-        min_bandwidth=parse_int(files["min_bandwidth"], "min_bandwidth", source=source),
+        num_closids=parse_int(required(files, "num_closids", source=source), "num_closids", source=source),
+        bandwidth_gran=max(1, parse_int(required(files, "bandwidth_gran", source=source), "bandwidth_gran", source=source)),
+        min_bandwidth=parse_int(required(files, "min_bandwidth", source=source), "min_bandwidth", source=source),
         delay_linear=files.get("delay_linear", "1").strip() == "1",
     )
 
@@ -163,7 +175,7 @@ def parse_mb_info(files: Mapping[str, str], domains: tuple[int, ...], *, mbps: b
 def parse_mon_info(files: Mapping[str, str], domains: tuple[int, ...], *, source: str = "") -> MonInfo:
     return MonInfo(
         domains=domains,
-        num_rmids=parse_int(files["num_rmids"], "num_rmids", source=source),
+        num_rmids=parse_int(required(files, "num_rmids", source=source), "num_rmids", source=source),
         features=tuple(f for f in files.get("mon_features", "").split() if f),
         max_threshold_occupancy=parse_int(files.get("max_threshold_occupancy", "0"), "max_threshold_occupancy", source=source),
     )
@@ -195,43 +207,92 @@ def build_info(mount: MountInfo, info_files: Mapping[str, Mapping[str, str]], ro
 
 # -- readers ---------------------------------------------------------------------------------
 
-def read_text(path: str, limit: int = 1 << 16) -> str:
-    with open(path, "rb") as f:
-        return f.read(limit).decode(errors="replace")
+FUSE_SUPER_MAGIC = 0x65735546  # include/uapi/linux/magic.h
+INFO_MAX_READ = 1 << 16  # an info file or the root schemata (a line per domain)
+MOUNTS_MAX_READ = 1 << 22  # /proc/mounts of a node with many container mounts
+SYSFS_MAX_READ = 1 << 12  # a sysfs attribute is at most a page
+
+
+def read_text(path: str, limit: int = INFO_MAX_READ) -> str:
+    """A whole file outside the mount (procfs, sysfs) of at most `limit` bytes, else ParseError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_bounded(fd, limit, path).decode(errors="replace")
+    except OverflowError:
+        raise ParseError("file", path, f"larger than {limit} bytes") from None
+    finally:
+        os.close(fd)
 
 
 def find_mount(procfs: str) -> MountInfo | None:
     """The resctrl mount from <procfs>/mounts (pass the host's /proc), or None."""
     try:
-        return parse_mounts(read_text(os.path.join(procfs, "mounts"), 1 << 22))
+        return parse_mounts(read_text(os.path.join(procfs, "mounts"), MOUNTS_MAX_READ))
     except OSError:
         return None
 
 
-def read_info(mount: MountInfo) -> ResctrlInfo:
-    """Read info/, the root schemata and mon_data; FeatureUnavailable when it is not resctrl."""
-    info_dir = os.path.join(mount.path, "info")
+def open_tree(mount: MountInfo, verify_fs: bool | None = None) -> SafeTree:
+    """The mount as a SafeTree (no symlinks, no mount crossings), with the statfs check decided:
+
+    - True: every opened file must be on resctrl (RDTGROUP_SUPER_MAGIC); False: never checked;
+    - None (auto): checked when the filesystem at the mount path is resctrl. When the mount table
+      names resctrl there (`fstype`) but another filesystem is found, the only one accepted
+      (unchecked) is FUSE, the emulator tests/resctrl/emulator mounts; anything else (a tmpfs, a
+      mis-set hostPath) is refused with UnsafePath. A mount given directly (captured trees in
+      tests, fstype "") is read unchecked.
+    """
+    if verify_fs is not None:
+        return SafeTree(mount.path, magic=RDTGROUP_SUPER_MAGIC if verify_fs else None)
     try:
-        dirs = sorted(d for d in os.listdir(info_dir) if os.path.isdir(os.path.join(info_dir, d)))
+        found = fs_magic(mount.path)
     except OSError as e:
-        raise FeatureUnavailable("resctrl", f"cannot read {info_dir}: {e.strerror}") from None
-    files = {d: _read_dir(os.path.join(info_dir, d)) for d in dirs}
-    schemata_path = os.path.join(mount.path, "schemata")
-    root = read_text(schemata_path) if os.path.exists(schemata_path) else ""
-    mon_data = os.path.join(mount.path, "mon_data")
-    mon_dirs = os.listdir(mon_data) if os.path.isdir(mon_data) else []
+        raise FeatureUnavailable("resctrl", f"cannot statfs {mount.path}: {e.strerror}") from None
+    if found == RDTGROUP_SUPER_MAGIC:
+        return SafeTree(mount.path, magic=RDTGROUP_SUPER_MAGIC)
+    if mount.fstype == "resctrl" and found != FUSE_SUPER_MAGIC:
+        raise UnsafePath(mount.path, f"the mount table names resctrl here, but it is a {magic_name(found)} filesystem")
+    return SafeTree(mount.path)
+
+
+def read_info(mount: MountInfo, *, verify_fs: bool | None = None) -> ResctrlInfo:
+    """Read info/, the root schemata and mon_data; FeatureUnavailable when it is not resctrl."""
+    try:
+        tree = open_tree(mount, verify_fs)
+        dirs = tree.subdirs("info")
+    except UnsafePath as e:
+        raise FeatureUnavailable("resctrl", str(e)) from None
+    except OSError as e:
+        raise FeatureUnavailable("resctrl", f"cannot read {tree.path('info')}: {e.strerror}") from None
+    files = {d: _read_dir(tree, f"info/{d}") for d in dirs}
+    root = _read(tree, "schemata") if tree.exists("schemata") else ""
+    mon_dirs = tree.subdirs("mon_data") if tree.isdir("mon_data") else []
     return build_info(mount, files, root, mon_dirs)
 
 
-def _read_dir(path: str) -> dict[str, str]:
+def _read(tree: SafeTree, rel: str) -> str:
+    try:
+        return tree.read(rel, INFO_MAX_READ).decode(errors="replace")
+    except OverflowError:
+        raise ParseError("resctrl file", tree.path(rel), f"larger than {INFO_MAX_READ} bytes") from None
+    except UnsafePath as e:
+        raise FeatureUnavailable("resctrl", str(e)) from None
+
+
+def _read_dir(tree: SafeTree, rel: str) -> dict[str, str]:
+    """Every regular file of one info directory (symlinks are not files here)."""
     out = {}
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isfile(full):
-            try:
-                out[name] = read_text(full)
-            except OSError:
-                continue
+    fd = tree.open(rel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    for name in names:
+        try:
+            out[name] = _read(tree, f"{rel}/{name}")
+        except OSError:
+            continue
     return out
 
 
@@ -254,10 +315,9 @@ def cache_sizes(sysfs: str) -> dict[tuple[int, int], int]:
 
 def _cache_entry(path: str) -> tuple[tuple[int, int], int] | None:
     try:
-        level = int(read_text(os.path.join(path, "level")))
-        ident = int(read_text(os.path.join(path, "id")))
-        kind = read_text(os.path.join(path, "type")).strip()
-        size = parse_size(read_text(os.path.join(path, "size")))
+        level, ident = (int(read_text(os.path.join(path, n), SYSFS_MAX_READ)) for n in ("level", "id"))
+        kind = read_text(os.path.join(path, "type"), SYSFS_MAX_READ).strip()
+        size = parse_size(read_text(os.path.join(path, "size"), SYSFS_MAX_READ))
     except (OSError, ValueError):
         return None
     if kind not in ("Unified", "Data") or (level == 1 and kind != "Data"):
@@ -265,8 +325,12 @@ def _cache_entry(path: str) -> tuple[tuple[int, int], int] | None:
     return (level, ident), size
 
 
+_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+
+
 def parse_size(text: str) -> int:
-    """sysfs cache size: "20480K", "1024K", "32M"."""
-    t = text.strip().upper()
-    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(t[-1:], 1)
-    return int(t[:-1] if t[-1:] in "KMG" else t) * mult
+    """sysfs cache size: "20480K", "1024K", "32M"; ParseError for anything else ("" included)."""
+    m = _SIZE.match(text.strip().upper())
+    if m is None:
+        raise ParseError("cache size", text[:40], "expected digits with an optional K, M or G suffix")
+    return int(m[1]) * {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}[m[2]]

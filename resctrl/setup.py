@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfbalance.errors import FeatureUnavailable
+from perfbalance.errors import FeatureUnavailable, ParseError
 from resctrl.config import ResctrlConfig
 from resctrl.fs import ResctrlFs
 from resctrl.info import MountInfo, ResctrlInfo, cache_sizes, find_mount, read_info
@@ -52,6 +52,8 @@ def _discover(procfs: str, mount: MountInfo | None) -> tuple[ResctrlInfo | None,
         info = read_info(mount)
     except FeatureUnavailable as e:
         return None, e.reason
+    except (ParseError, OSError) as e:  # a malformed or unreadable info file: say which, run without
+        return None, f"resctrl at {mount.path} unreadable: {e}"
     if not info.alloc_capable and not info.mon_capable:
         return None, f"resctrl at {mount.path} offers neither allocation nor monitoring"
     return info, ""

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from collectors import bpfenv
 from collectors.avx512 import Avx512Collector, Counts, Smoothed, per_container, smooth, window_metrics
 from collectors.config import Avx512Config
 from perfbalance.host import HostPaths
@@ -122,6 +123,24 @@ def test_entries_of_vanished_cgroups_are_deleted_from_the_map(bpf_collector: Avx
     cgroups.made.clear()
     bpf_collector.collect([], time.time())
     assert table.Key(key) not in table
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_entries_of_cgroups_no_container_owned_are_deleted_once_gone(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
+    """A cgroup created and destroyed between two discoveries (never a container) leaves no entry."""
+    stray = cgroups.new("stray")
+    key = cgroups.fs.cgroup_id(stray.cgroup)
+    cgroups.run(stray, bounded(SH_BUSY, 0.5)).wait(timeout=30)
+    bpf_collector.collect([], time.time())
+    table = bpf_collector._bpf[b"avx_counts"]
+    assert table.Key(key) in table
+    cgroups.cleanup()
+    cgroups.made.clear()
+    for _ in range(bpfenv.SWEEP_PERIOD_CYCLES + 1):  # within one sweep period
+        bpf_collector.collect([], time.time())
+    assert table.Key(key) not in table
+    assert key not in bpf_collector._map._delta.keys()  # type: ignore[union-attr]
 
 
 # --- degraded ------------------------------------------------------------------------------------

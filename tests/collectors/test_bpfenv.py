@@ -11,6 +11,7 @@ import pytest
 
 from collectors import bpfenv
 from collectors.bpfenv import DeltaTable, KernelVersion
+from collectors.cgroupfs import Cgroupfs
 from perfbalance.errors import FeatureUnavailable, ParseError
 from perfbalance.host import HostPaths
 
@@ -166,6 +167,108 @@ def test_keys_that_left_the_map_are_forgotten() -> None:
     assert t.keys() == [8]
 
 
+def test_forgotten_keys_leave_the_table() -> None:
+    t = DeltaTable()
+    t.update({7: (1, 0, 1), 8: (1, 0, 1)})
+    t.forget([7, 99])
+    assert t.keys() == [8]
+
+
+# --- pruning: bounded sweeps of what is alive ----------------------------------------------------
+
+class FakeTable(dict):  # type: ignore[type-arg]
+    """The part of a bcc hash table CountingMap uses: items(), Key(k), del."""
+
+    Key = int
+
+    def bump(self, key: int) -> None:
+        self[key] = Row(self.get(key, Row(0)).n + 1)
+
+
+class Row:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def v2_tree(root: Path, dirs: list[str]) -> Cgroupfs:
+    """A plain-directory cgroup v2 layout (Cgroupfs reads it without magic checks)."""
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for d in dirs:
+        (root / d).mkdir(parents=True)
+    return Cgroupfs(root=str(root))
+
+
+def ino(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+def counting(fs: Cgroupfs, table: FakeTable, *, period: int = 1, budget: int = 100) -> bpfenv.CountingMap:
+    live = bpfenv.LiveKeys(fs, pid_keys=False, period=period, budget=budget)
+    return bpfenv.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
+
+
+def cycle(m: bpfenv.CountingMap) -> int:
+    m.deltas()
+    return m.prune({}, {})
+
+
+def test_entry_of_a_removed_cgroup_no_container_owned_is_deleted(tmp_path: Path) -> None:
+    fs = v2_tree(tmp_path, ["kubepods/pod1/short-lived", "system.slice/sshd.service"])
+    table = FakeTable()
+    gone, alive = ino(tmp_path / "kubepods/pod1/short-lived"), ino(tmp_path / "system.slice/sshd.service")
+    table.bump(gone)
+    table.bump(alive)
+    m = counting(fs, table)
+    (tmp_path / "kubepods/pod1/short-lived").rmdir()  # never discovered: no container owned it
+    assert cycle(m) == 1
+    assert list(table) == [alive] and m.rows == 1  # the map and our delta table alike
+
+
+def test_live_cgroups_no_container_owns_are_kept_across_sweeps(tmp_path: Path) -> None:
+    fs = v2_tree(tmp_path, ["system.slice/a.service", "system.slice/b.service/sub", "user.slice"])
+    table = FakeTable()
+    keys = [ino(tmp_path / d) for d in ("", "system.slice/a.service", "system.slice/b.service/sub", "user.slice")]
+    for k in keys:
+        table.bump(k)
+    m = counting(fs, table)
+    for _ in range(5):
+        table.bump(keys[1])
+        assert cycle(m) == 0
+    assert sorted(table) == sorted(keys) and table[keys[1]].n == 6  # never deleted and re-created
+    assert m.live is not None and m.live.sweeps == 5
+
+
+def test_a_sweep_visits_at_most_its_budget_per_cycle_and_still_finds_deep_cgroups(tmp_path: Path) -> None:
+    dirs = [f"kubepods/pod{i}/c" for i in range(20)]
+    fs = v2_tree(tmp_path, dirs + ["gone"])
+    table = FakeTable()
+    for d in dirs + ["gone"]:
+        table.bump(ino(tmp_path / d))
+    (tmp_path / "gone").rmdir()
+    m = counting(fs, table, budget=5)
+    deleted = [cycle(m) for _ in range(12)]
+    assert deleted.index(1) >= 4  # 41 cgroups at 5 per cycle: not done in the first cycles
+    assert sum(deleted) == 1 and len(table) == 20
+
+
+def test_sweeps_start_once_per_period(tmp_path: Path) -> None:
+    fs = v2_tree(tmp_path, ["a"])
+    m = counting(fs, FakeTable(), period=5)
+    for _ in range(11):
+        cycle(m)
+    assert m.live is not None and m.live.sweeps == 3  # cycles 1, 6 and 11
+
+
+def test_pid_keys_of_exited_processes_are_deleted(tmp_path: Path) -> None:
+    tree(tmp_path, {"1/stat": "", "42/stat": "", "self/stat": ""})
+    table = FakeTable()
+    for pid in (1, 42, 4242):
+        table.bump(pid)
+    live = bpfenv.LiveKeys(None, pid_keys=True, procfs=str(tmp_path), period=1)
+    m = bpfenv.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
+    assert cycle(m) == 1 and sorted(table) == [1, 42]
+
+
 def test_proc_cgroup_lines_map_controllers_to_paths() -> None:
     text = "12:cpu,cpuacct:/kubepods/pod1/abc\n1:name=systemd:/system.slice\n0::/unified/x\n"
     assert bpfenv.parse_proc_cgroup(text) == {"cpu": "/kubepods/pod1/abc", "cpuacct": "/kubepods/pod1/abc",
@@ -176,6 +279,31 @@ def test_pid_maps_to_the_container_owning_an_ancestor_cgroup(tmp_path: Path) -> 
     tree(tmp_path, {"42/cgroup": "4:cpu:/kubepods/pod1/abc/container\n"})
     assert bpfenv.container_of_pid(str(tmp_path), 42, {"kubepods/pod1/abc": "c1"}) == "c1"
     assert bpfenv.container_of_pid(str(tmp_path), 43, {"kubepods/pod1/abc": "c1"}) is None
+
+
+# --- bounded reads of host files ----------------------------------------------------------------
+
+def test_oversized_proc_cgroup_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    tree(tmp_path, {"42/cgroup": "0::/" + "x" * bpfenv.PROC_CGROUP_MAX_BYTES})
+    with pytest.raises(ParseError, match=r"process cgroup file.*larger than 65536 bytes.*42/cgroup"):
+        bpfenv.container_of_pid(str(tmp_path), 42, {"x": "c1"})
+
+
+def test_oversized_kernel_release_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    tree(tmp_path, {"sys/kernel/osrelease": "6.18.0" + " " * bpfenv.OSRELEASE_MAX_BYTES})
+    with pytest.raises(ParseError, match="kernel release file.*larger than 256 bytes"):
+        bpfenv.running_release(HostPaths(procfs=str(tmp_path)))
+
+
+def test_oversized_fdinfo_is_an_error_naming_it(tmp_path: Path) -> None:
+    tree(tmp_path, {"self/fdinfo/3": "run_cnt:\t1\n" * 10000})
+    with pytest.raises(ParseError, match="fdinfo.*larger than"):
+        bpfenv.prog_stats(str(tmp_path), 3)
+
+
+def test_oversized_marker_means_the_merged_tree_is_rebuilt(tmp_path: Path) -> None:
+    tree(tmp_path, {f"dest/{bpfenv.MARKER}": "/a\n" * (bpfenv.MARKER_MAX_BYTES // 3 + 1)})
+    assert bpfenv._read_marker(str(tmp_path / "dest")) is None
 
 
 def test_fdinfo_of_a_bpf_program_gives_run_time_and_count() -> None:

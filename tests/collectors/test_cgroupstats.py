@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
-from collectors.cgroupstats import CgroupStatsCollector, Reading, metrics
+from collectors.cgroupfs import CgroupPathRefused, Cgroupfs
+from collectors.cgroupstats import CgroupStatsCollector, FileCache, Reading, metrics
+from perfbalance.model import Container
 
 
 def test_usage_rate_is_the_delta_over_the_window() -> None:
@@ -79,6 +82,30 @@ def test_vanished_cgroup_is_skipped_without_error(cgroups: Cgroups) -> None:
     c = cgroups.new("gone")
     cgroups.fs.remove(c.cgroup)
     assert col.collect([c], time.time()) == {} and col.status().up
+
+
+def planted_symlink(tmp_path: Path, target: str) -> Cgroupfs:
+    """A cgroup v2 tree (plain directories) where cgroup `evil` is a symlink to `target`."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "evil").symlink_to(target)
+    return Cgroupfs(root=str(tmp_path))
+
+
+@pytest.mark.root
+def test_cached_cgroup_files_are_opened_without_following_symlinks(cgroups: Cgroups, tmp_path: Path) -> None:
+    real = cgroups.fs.dir(cgroups.new("real").cgroup, None)  # a live cgroup whose cpu.stat exists
+    files = FileCache(planted_symlink(tmp_path, real), capacity=10)
+    with pytest.raises(CgroupPathRefused, match="symlink"):
+        files.read("evil", None, "cpu.stat")
+    assert len(files) == 0
+
+
+@pytest.mark.root
+def test_collector_reports_nothing_through_a_planted_symlink(cgroups: Cgroups, tmp_path: Path) -> None:
+    real = cgroups.fs.dir(cgroups.new("real").cgroup, None)
+    col = CgroupStatsCollector(cgroupfs=planted_symlink(tmp_path, real))
+    assert col.start().up
+    assert col.collect([Container(id="evil", name="evil", cgroup="evil")], time.time()) == {}
 
 
 def test_disabled_collector_is_down_and_says_so() -> None:

@@ -7,12 +7,15 @@ context-switches, cpu-migrations), and hardware events are expected to fail to o
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
-from collectors import perf
+from collectors import bpfenv, perf
+from collectors.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.config import PerfConfig
+from perfbalance.model import Container
 from perfbalance.errors import ParseError
 from perfbalance.host import HostPaths
 
@@ -68,6 +71,14 @@ def test_reading_of_a_counting_fd_parses_value_and_times() -> None:
 # --- this host: no PMU ---------------------------------------------------------------------------
 
 @pytest.mark.root
+def test_oversized_cpu_list_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    online = tmp_path / "devices/system/cpu/online"
+    online.parent.mkdir(parents=True)
+    online.write_text("0-1" + " " * perf.CPULIST_MAX_BYTES)
+    with pytest.raises(ParseError, match="cpu list online.*larger than"):
+        perf.online_cpus(str(tmp_path))
+
+
 def test_without_a_pmu_hardware_events_fall_back_to_software_events() -> None:
     if perf.probe_events(["cycles"])["cycles"] == "ok":
         pytest.skip("this host has a hardware PMU")
@@ -144,6 +155,29 @@ def test_perf_fds_do_not_grow_with_containers(host: HostPaths, cgroups: Cgroups)
 
 @pytest.mark.root
 @pytest.mark.bpf
+def test_entries_of_removed_cgroups_no_container_owned_are_deleted(host: HostPaths, cgroups: Cgroups) -> None:
+    """sched_switch credits every cgroup that runs: those that vanish must not stay in the map."""
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        stray = cgroups.new("stray")
+        key = cgroups.fs.cgroup_id(stray.cgroup)
+        cgroups.run(stray, ["true"]).wait(timeout=30)
+        col.collect([], time.time())
+        table = col._bpf[b"pmu_counts"]
+        present = table.Key(key) in table
+        cgroups.cleanup()
+        cgroups.made.clear()
+        for _ in range(bpfenv.SWEEP_PERIOD_CYCLES + 1):
+            col.collect([], time.time())
+        gone = table.Key(key) not in table
+    finally:
+        col.close()
+    assert present and gone
+
+
+@pytest.mark.root
+@pytest.mark.bpf
 def test_bpf_mode_without_headers_is_down_with_the_reason(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
     col = perf.BpfPerfCollector(config=SOFTWARE, host=no_headers_host, cgroupfs=cgroups.fs)
     st = col.start()
@@ -165,6 +199,23 @@ def test_cgroup_mode_counts_a_busy_cgroup_like_the_kernel(host: HostPaths, cgrou
     assert got["busy"]["task_clock_seconds_total"] == pytest.approx(got["kernel"]["busy"], rel=0.10)
     assert got["idle"]["task_clock_seconds_total"] < 0.05
     assert per_container == len(col.events) * len(perf.online_cpus())
+
+
+@pytest.mark.root
+def test_cgroup_mode_refuses_a_symlinked_cgroup_path(host: HostPaths, cgroups: Cgroups, tmp_path: Path) -> None:
+    """A symlink planted as a container's cgroup must not count some other (real) cgroup."""
+    real = cgroups.fs.dir(cgroups.new("real").cgroup, None)
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    (tmp_path / "evil").symlink_to(real)
+    col = perf.CgroupPerfCollector(config=SOFTWARE, host=host, cgroupfs=Cgroupfs(root=str(tmp_path)))
+    assert col.start().up
+    try:
+        with pytest.raises(CgroupPathRefused, match="symlink"):
+            col._ensure_open(Container(id="evil", name="evil", cgroup="evil"))
+        assert col.collect([Container(id="evil", name="evil", cgroup="evil")], time.time()) == {}
+        assert col.perf_fds == 0
+    finally:
+        col.close()
 
 
 @pytest.mark.root

@@ -266,9 +266,6 @@ def test_bpf_map_entries_are_pruned_with_their_containers(churn_run: Run) -> Non
         assert n <= bound, (map_id, n)
 
 
-@pytest.mark.xfail(reason="collectors/bpfenv.py prune(): keys of a cgroup no container owned (created and "
-                   "destroyed between two discoveries, or not a container at all) are only pruned when the "
-                   "map is nearly full (reported to the lead; remove this mark when fixed)")
 def test_no_bpf_map_entry_outlives_its_cgroup(churn_run: Run) -> None:
     assert all(n == 0 for n in churn_run.later_dead.values()), churn_run.later_dead
 

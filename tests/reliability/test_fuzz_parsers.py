@@ -214,6 +214,39 @@ def test_resctrl_info_parsers(files: dict[str, str], names: list[str], mounts: s
     rinfo.parse_mounts(mounts)
 
 
+INFO_FILES = st.dictionaries(st.sampled_from(["cbm_mask", "min_cbm_bits", "num_closids", "shareable_bits",
+                                              "bandwidth_gran", "min_bandwidth", "num_rmids", "mon_features"]),
+                             st.sampled_from(["1", "16", "8"]), max_size=8)  # valid in every file
+
+
+@FUZZ
+@given(INFO_FILES)
+def test_resctrl_info_with_files_missing_names_the_file(files: dict[str, str]) -> None:
+    # Any subset of the info files (a kernel without one, a half-populated captured tree): a
+    # ParseError naming a missing file, never a KeyError.
+    for fn, args, kwargs in ((rinfo.parse_cache_info, ("L3", files, ()), {}),
+                             (rinfo.parse_mb_info, (files, ()), {"mbps": False}),
+                             (rinfo.parse_mon_info, (files, ()), {})):
+        try:
+            fn(*args, source="info/X", **kwargs)
+        except ParseError as e:
+            assert "missing" in str(e) and str(e.value).removeprefix("info/X/") not in files
+        except Exception as e:
+            raise AssertionError(f"{fn.__qualname__}({sorted(files)}) raised {type(e).__name__}: {e}") from e
+
+
+@FUZZ
+@given(st.one_of(ANY_TEXT, fragments("", "20480", "K", "M", "G", "k", " ", "\n", "-", "1.5")))
+def test_resctrl_cache_size(text: str) -> None:
+    size = only(ParseError, rinfo.parse_size, text)
+    assert size is None or size >= 0
+
+
+def test_resctrl_cache_size_of_nothing_is_a_parse_error() -> None:
+    with pytest.raises(ParseError, match="cache size"):
+        rinfo.parse_size("")
+
+
 # -- configuration -----------------------------------------------------------------------------
 
 YAML = fragments("agent:", "\n", "  ", "interval_seconds: ", "1", "-5", "nodes:", "n1:", "cpuset:",
