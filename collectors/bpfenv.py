@@ -21,8 +21,11 @@ import ctypes
 import logging
 import os
 import re
+import sys
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -367,13 +370,70 @@ class BpfEnv:
     batch_reads: bool
 
     def load(self, text: str, cflags: Sequence[str] = ()) -> Any:
-        """Compile and load BPF C with bcc; FeatureUnavailable with the compiler's reason."""
+        """Compile and load BPF C with bcc; FeatureUnavailable quoting why it failed.
+
+        bcc's exception says only "Failed to compile BPF module" or "Failed to load BPF program
+        ...: Permission denied"; clang's diagnostics and the verifier log go to fd 2 from C++.
+        That output is captured while bcc runs (then written to stderr unchanged), and the line
+        that says why (clang's first `error:`, or the verifier's complaint) joins the reason.
+        """
         bcc = _import_bcc()
         os.environ["BCC_KERNEL_SOURCE"] = self.headers.path
+        error: Exception | None = None
+        with _fd2_captured() as log:
+            try:
+                prog = bcc.BPF(text=text.encode(), cflags=list(cflags))
+            except Exception as e:  # bcc raises bare Exception for compile/load/attach failures
+                error = e
+        if error is None:
+            return prog
+        why = load_error_line(log.text)
+        raise FeatureUnavailable("bpf", f"bcc could not load the program: {_first_line(error)}"
+                                        + (f": {why}" if why else ""))
+
+
+LOAD_LOG_MAX_BYTES = 1 << 20  # what clang and the verifier print while bcc loads (kept from the start)
+
+
+class _Captured:
+    text = ""
+
+
+@contextmanager
+def _fd2_captured() -> Iterator[_Captured]:
+    """Point fd 2 at a temporary file for the block; afterwards restore it, echo what was
+    written (bounded) and keep it as `.text`. Only around program loads, at collector start."""
+    out = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
         try:
-            return bcc.BPF(text=text.encode(), cflags=list(cflags))
-        except Exception as e:  # bcc raises bare Exception for compile/load/attach failures
-            raise FeatureUnavailable("bpf", f"bcc could not load the program: {_first_line(e)}") from None
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read(LOAD_LOG_MAX_BYTES)
+            if data:
+                os.write(2, data)
+            out.text = data.decode("utf-8", errors="replace")
+
+
+_VERIFIER_END = re.compile(r"^processed \d+ insns")
+
+
+def load_error_line(log: str) -> str:
+    """The line of a bcc load log that says why: clang's first error, else the verifier's last
+    complaint (the line before its "processed N insns" summary), else ""."""
+    lines = [line.strip() for line in log.splitlines()]
+    for line in lines:
+        if ": error: " in line or line.startswith("error: "):
+            return line[:300]
+    for prev, line in zip(lines, lines[1:]):
+        if _VERIFIER_END.match(line) and prev:
+            return f"verifier: {prev[:300]}"
+    return ""
 
 
 def _import_bcc() -> Any:
