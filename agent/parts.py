@@ -30,6 +30,9 @@ from perfbalance.topology import Topology
 
 log = logging.getLogger("perfbalance.parts")
 
+# Sections read when the parts are built; a reload logs that they apply at the next start.
+RESTART_SECTIONS = ("host", "collectors", "metrics", "mqtt")
+
 
 def host_paths(config: Config) -> HostPaths:
     h = config.host
@@ -58,6 +61,7 @@ class Parts:
         self.vms = self._make_vms()
         self._mqtt: Any = None
         self._moved: dict[str, CpuSet] = {}
+        self._containers: list[Container] = []
 
     # -- construction ---------------------------------------------------------------------
     def _make_collectors(self) -> None:
@@ -101,7 +105,11 @@ class Parts:
             log.warning("collector %s down: %s", name, status.reason)
 
     def reconfigure(self, config: Config) -> None:
-        """Take a reloaded config; parts whose settings are read per cycle follow at once."""
+        """Take a reloaded config; parts whose settings are read per cycle follow at once, the
+        sections bound at start (RESTART_SECTIONS) at the next start, which is logged."""
+        later = [name for name in RESTART_SECTIONS if getattr(config, name) != getattr(self.config, name)]
+        if later:
+            log.warning("config changes in %s take effect at the next start of the agent", ", ".join(later))
         self.config = config
         self.resctrl.reconfigure(config)
         if self.podmeta is not None:
@@ -126,15 +134,16 @@ class Parts:
             containers = discover(self.cgfs, kubernetes=self.config.discovery.kubernetes,
                                   globs=self.config.discovery.globs, kubelet=self.kubelet,
                                   procfs_root=self.config.host.procfs_root)
-        except (ParseError, PerfbalanceError) as e:
-            errors.append(f"discovery: {e}")
-            containers = []
+        except (ParseError, PerfbalanceError) as e:  # keep the last good view, lose nothing
+            errors.append(f"discovery failed, using the previous cycle's containers: {e}")
+            return list(self._containers), self.kubelet
         if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
         if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
             containers = mark_sandboxed(containers, {s.pod for s in self.vms.sandboxes()})
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
+        self._containers = containers
         return containers, self.kubelet
 
     def collect(self, containers: Sequence[Container], now: float) -> dict[str, dict[str, float]]:

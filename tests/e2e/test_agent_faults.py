@@ -171,12 +171,12 @@ async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write
     from prometheus_client.parser import text_string_to_metric_families
 
     cfg = write_config()
-    agent, _ = _agent(cfg, cycles=10, interval=0.2)
+    agent, _ = _agent(cfg, cycles=30, interval=0.2)
     results: list[int] = []
     stop = threading.Event()
 
-    def scrape() -> None:  # until cycle 9 of 10: the server closes when the agent stops
-        while not stop.is_set() and (agent.state.latest is None or agent.state.latest.cycle < 9):
+    def scrape() -> None:  # until cycle 29 of 30: the server closes when the agent stops
+        while not stop.is_set() and (agent.state.latest is None or agent.state.latest.cycle < 29):
             port = agent.config.metrics.listen.rsplit(":", 1)[1]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -186,11 +186,13 @@ async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write
                 if agent.state.ready:
                     results.append(-1)
 
-    async def flip() -> None:
+    async def flip() -> None:  # each version lives longer than a cycle, so every one is seen
+        while agent.state.latest is None:
+            await asyncio.sleep(0.05)
         good = cfg.read_text()
-        for i in range(20):
+        for i in range(12):
             cfg.write_text(good.replace("dwell_seconds: 0.0", f"dwell_seconds: {i}.5") if i % 2 else "agent: [broken\n")
-            await asyncio.sleep(0.07)
+            await asyncio.sleep(0.25)
         cfg.write_text(good)
 
     t = threading.Thread(target=scrape, daemon=True)
