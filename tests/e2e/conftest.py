@@ -44,7 +44,7 @@ def write_config(tmp_path: Path, base: str):
             "agent": {"run_dir": str(tmp_path / "run"), "log_format": "text"},
             "discovery": {"kubernetes": False, "globs": [f"{base}/*"]},
             "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-            "rebalancer": {"avx512_license_loss": {_cpu_model(): 0.2}, "dwell_seconds": 0.0},
+            "rebalancer": {"avx512_license_loss": {_cpu_model(): 0.2}, "dwell_seconds": 0.0, "margin": 0.001},
         }
         for k, v in (extra or {}).items():
             cfg.setdefault(k, {}).update(v)
