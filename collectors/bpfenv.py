@@ -764,7 +764,6 @@ class CountingMap:
         self.live = live
         self._delta = DeltaTable()
         self.size = 0
-        self.deleted_total = 0
 
     def deltas(self) -> dict[int, tuple[int, ...]]:
         rows = read_table(self.table, batch=self.batch, fields=self.fields)
@@ -792,7 +791,6 @@ class CountingMap:
                 continue
         self._delta.forget(keys)
         self.size = max(0, self.size - n)
-        self.deleted_total += n
         return n
 
     def prune(self, before: Mapping[int, tuple[str, str]], now: Mapping[int, tuple[str, str]]) -> int:
