@@ -1,10 +1,11 @@
 """`perfbalance demo`: the agent separating an AVX-512 workload from scalar ones, for real.
 
 It creates cgroups under `perfbalance-demo/` (in every hierarchy the cpuset actuator and the
-collectors use), starts three workloads in them — a numpy `exp` loop (real 512-bit
-instructions), a shell busy loop (scalar, but glibc's EVEX-256 string code) and a cache-hungry
-random walk over 64 MiB — runs the agent on them with `discovery.globs`, prints what it saw,
-planned and moved, and removes everything on exit (also on Ctrl-C).
+collectors use), starts three workloads in them — a numpy `exp` loop using a whole CPU (real
+512-bit instructions), a shell loop (scalar, but glibc's EVEX-256 string code) and a
+cache-hungry random walk over 64 MiB, the last two at about 40 % of a CPU each — runs the agent
+on them with `discovery.globs`, prints what it saw, planned and moved, and removes everything on
+exit (also on Ctrl-C).
 
 On a 2-CPU machine each CPU is its own core, so the AVX-512 island is one CPU and the scalar
 and cache workloads share the other. When this CPU model loses no frequency to AVX-512
@@ -23,7 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -34,13 +35,25 @@ from collectors.cgroupfs import Cgroupfs
 DEMO_BASE = "perfbalance-demo"
 ASSUMED_LICENSE_LOSS = 0.2
 
-WORKLOADS: dict[str, list[str]] = {
+# Busy loops (one CPU each): what the end-to-end tests use.
+BUSY: dict[str, list[str]] = {
     "avx512": [sys.executable, "-c",
                "import numpy as np\na = np.random.rand(1 << 16)\nwhile True:\n    np.exp(a)"],
     "scalar": ["sh", "-c", "while :; do :; done"],
-    "cache": [sys.executable, "-c",
-              "import numpy as np\na = np.zeros(8 << 20)\n"
-              "idx = np.random.randint(0, a.size, 1 << 16)\nwhile True:\n    a[idx] += 1.0"],
+}
+# The demo's services: an AVX-512 batch job using a whole CPU, and two latency-type services
+# using about 40 % of a CPU each, so that the two fit on the CPU left beside the AVX-512 island.
+# (Three busy loops on two CPUs would make any island cost more CPU than the licence saves, and
+# the planner rightly refuses it.)
+WORKLOADS: dict[str, list[str]] = {
+    "avx512": BUSY["avx512"],
+    "scalar": ["sh", "-c",  # dash arithmetic: glibc's EVEX-256 string code, no 512-bit
+               "while :; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 0.05; done"],
+    "cache": [sys.executable, "-c",  # random gathers over 64 MiB: LLC misses
+              "import time\nimport numpy as np\na = np.zeros(8 << 20)\n"
+              "idx = np.random.randint(0, a.size, 1 << 16)\nwhile True:\n"
+              "    end = time.perf_counter() + 0.02\n    while time.perf_counter() < end:\n"
+              "        a[idx] += 1.0\n    time.sleep(0.03)"],
 }
 
 
@@ -59,19 +72,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def workloads(cgfs: Cgroupfs, names: Sequence[str] = tuple(WORKLOADS), *,
+def workloads(cgfs: Cgroupfs, commands: Mapping[str, list[str]] = WORKLOADS, *,
               base: str = DEMO_BASE) -> Iterator[list[Workload]]:
-    """Start the named workloads, each in its own cgroup `<base>/<name>`; always clean up."""
+    """Start each command in its own cgroup `<base>/<name>`; always clean up."""
     started: list[Workload] = []
     created: list[str] = []
     try:
         cgfs.create(base)
         created.append(base)
-        for name in names:
+        for name, argv in commands.items():
             rel = f"{base}/{name}"
             cgfs.create(rel)
             created.append(rel)
-            proc = subprocess.Popen(WORKLOADS[name], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     start_new_session=True)
             started.append(Workload(name=name, cgroup=rel, proc=proc))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.demo import workloads
+from agent.demo import BUSY, workloads
 from collectors.cgroupfs import Cgroupfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def _cpu_model() -> str:
 
 @pytest.fixture
 def demo_workloads(cgfs: Cgroupfs, base: str) -> Iterator[list]:
-    with workloads(cgfs, ("avx512", "scalar"), base=base) as started:
+    with workloads(cgfs, BUSY, base=base) as started:
         for w in started:  # past start-up (numpy's import) and into the loop
             wait_cpu_seconds(w.proc.pid, 0.5)
         yield started
