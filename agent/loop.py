@@ -49,7 +49,12 @@ class Agent:
 
     def __init__(self, config: Config, *, node: str, config_path: str | None = None,
                  dry_run: bool = False, cycles: int | None = None, json_out: TextIO | None = None,
-                 parts_factory: Callable[..., Parts] = build_parts) -> None:
+                 parts_factory: Callable[..., Parts] = build_parts,
+                 overrides: Callable[[Config], Config] | None = None) -> None:
+        """`overrides` (e.g. from command-line flags) is applied to the config and to every
+        reloaded one, so that a reload does not undo `--interval`."""
+        self._overrides = overrides or (lambda c: c)
+        config = self._overrides(config)
         self.config, self.node, self.config_path = config, node, config_path
         self.dry_run = dry_run or config.agent.dry_run
         self.cycles, self.json_out = cycles, json_out
@@ -236,6 +241,7 @@ class Agent:
         if new is None:
             return
         assert self.parts is not None
+        new = self._overrides(new)
         self.config = new
         self.parts.reconfigure(new)
         with self.state.lock:

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from dataclasses import replace
 
-from agent.config import load_config, node_name
+from agent.config import Config, load_config, node_name
 from perfbalance.errors import ConfigError, PerfbalanceError
 
 log = logging.getLogger("perfbalance")
@@ -35,12 +36,16 @@ def main(args: argparse.Namespace) -> int:
     if args.cycles is not None and args.cycles < 1:
         print(f"perfbalance: --cycles must be >= 1 (got {args.cycles})", file=sys.stderr)
         return 2
-    if args.interval is not None:
-        if not 0.05 <= args.interval <= 3600:
-            print(f"perfbalance: --interval must be in 0.05..3600 (got {args.interval})", file=sys.stderr)
-            return 2
-        from dataclasses import replace
-        config = replace(config, agent=replace(config.agent, interval_seconds=args.interval))
+    if args.interval is not None and not 0.05 <= args.interval <= 3600:
+        print(f"perfbalance: --interval must be in 0.05..3600 (got {args.interval})", file=sys.stderr)
+        return 2
+
+    def overrides(c: Config) -> Config:  # command-line flags outlive config reloads
+        if args.interval is None:
+            return c
+        return replace(c, agent=replace(c.agent, interval_seconds=args.interval))
+
+    config = overrides(config)
     setup_logging(config.agent.log_level, config.agent.log_format, stream=sys.stderr)
     try:
         lock = InstanceLock(config.agent.run_dir)
@@ -50,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     try:
         agent = Agent(config, node=node, config_path=args.config, dry_run=args.dry_run,
-                      cycles=args.cycles, json_out=sys.stdout if args.json else None)
+                      cycles=args.cycles, json_out=sys.stdout if args.json else None,
+                      overrides=overrides)
         log.info("perfbalance starting on node %s (dry_run=%s)", node, agent.dry_run)
         return asyncio.run(agent.run())
     except PerfbalanceError as e:  # a startup requirement not met (e.g. resctrl.rdt: on)

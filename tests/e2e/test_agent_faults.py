@@ -25,10 +25,13 @@ pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
 def _agent(cfg_path: Path, cycles: int, interval: float = 0.5, **kw) -> tuple[Agent, io.StringIO]:
     import dataclasses
 
+    def overrides(c):  # like `--interval`: survives reloads
+        return dataclasses.replace(c, agent=dataclasses.replace(c.agent, interval_seconds=interval))
+
     config = load_config(str(cfg_path), node="e2e-node")
-    config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, interval_seconds=interval))
     out = io.StringIO()
-    return Agent(config, node="e2e-node", config_path=str(cfg_path), cycles=cycles, json_out=out, **kw), out
+    return Agent(config, node="e2e-node", config_path=str(cfg_path), cycles=cycles, json_out=out,
+                 overrides=overrides, **kw), out
 
 
 async def test_config_turning_invalid_at_run_time_keeps_the_last_good_one(demo_workloads, write_config):
@@ -52,6 +55,7 @@ async def test_config_turning_invalid_at_run_time_keeps_the_last_good_one(demo_w
     rejected = [e for r in reports for e in r["errors"] if "config rejected" in e]
     assert rejected and "rebalancer.margin" in rejected[0] and "lots" in rejected[0]
     assert agent.config.rebalancer.margin == 0.25 and agent.state.config_valid
+    assert agent.config.agent.interval_seconds == 0.5  # the --interval override outlives reloads
     assert agent.state.config_reloads_total["invalid"] == 1 and agent.state.config_reloads_total["ok"] == 1
 
 
