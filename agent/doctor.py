@@ -131,8 +131,27 @@ def report(config: Config, *, config_error: str = "", mount_tracefs: bool = Fals
         "resctrl": _guard(lambda: resctrl(host)),
         "cgroup": _guard(lambda: cgroup(host)),
         "kubelet": _guard(lambda: kubelet(host)),
-        "config": {"available": not config_error, "reason": config_error or "valid"},
+        "config": _guard(lambda: config_status(config, config_error)),
     }
+    return out
+
+
+def config_status(config: Config, file_error: str) -> dict[str, Any]:
+    """The file given to doctor, and what the agent running with this run directory reports."""
+    from agent.loop import CONFIG_STATUS_FILE
+
+    out: dict[str, Any] = {"available": not file_error, "reason": file_error or "valid"}
+    path = os.path.join(config.agent.run_dir, CONFIG_STATUS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            running = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return out
+    out["running_agent"] = running
+    if not running.get("valid", True):
+        out["available"] = False
+        out["reason"] = (f"the running agent (pid {running.get('pid')}) rejected its config and keeps "
+                         f"the last good one: {running.get('error')}")
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 import uuid
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover
+from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
 from agent.config import Config, ConfigWatcher
 from agent.parts import Parts, build_parts
 from agent.report import AgentState, Applied, CycleReport, Realized
@@ -29,6 +30,7 @@ from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
 log = logging.getLogger("perfbalance.loop")
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+CONFIG_STATUS_FILE = "config-status.json"
 BACKOFF_BASE_SECONDS = 10.0  # a container whose action failed is left alone 10 s, 20 s, ... up to
 BACKOFF_MAX_SECONDS = 600.0  # ten minutes: permanent errors are never retried in a hot loop
 
@@ -80,6 +82,7 @@ class Agent:
                 pass
         self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node,
                                              self.config_path or "embedded defaults")
+        self._write_config_status()
         self.state.extra.update(self.parts.status_extra())
         services = await self.parts.start_services(self.state, self.config)
         try:
@@ -237,6 +240,7 @@ class Agent:
                 self.state.config_reloads_total["invalid"] += 1
             errors.append(f"config rejected, last good one stays in force: {e}")
             log.error("config rejected, last good one stays in force: %s", e)
+            self._write_config_status()
             return
         if new is None:
             return
@@ -249,6 +253,19 @@ class Agent:
             self.state.config_reloads_total["ok"] += 1
             self.state.config_loaded_time = time.time()
         log.info("config reloaded from %s", self.config_path)
+        self._write_config_status()
+
+    def _write_config_status(self) -> None:
+        """<run_dir>/config-status.json: what `perfbalance doctor` shows of the running agent's
+        configuration (written on change only)."""
+        with self.state.lock:
+            status = {"pid": os.getpid(), "node": self.node, "path": self.config_path or "",
+                      "valid": self.state.config_valid, "error": self.state.config_error,
+                      "loaded_time": self.state.config_loaded_time, "time": time.time()}
+        try:
+            write_atomic(os.path.join(self.config.agent.run_dir, CONFIG_STATUS_FILE), json.dumps(status))
+        except OSError as e:
+            log.warning("cannot write %s in %s: %s", CONFIG_STATUS_FILE, self.config.agent.run_dir, e.strerror)
 
     def _discover(self, errors: list[str]) -> tuple[list[Container], Any]:
         assert self.parts is not None

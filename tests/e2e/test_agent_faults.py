@@ -210,3 +210,23 @@ async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write
         t.join(timeout=10)
     assert results and set(results) == {200}, results[-5:]
     assert agent.state.config_reloads_total["invalid"] >= 1 and agent.state.config_reloads_total["ok"] >= 1
+
+
+async def test_doctor_shows_that_the_running_agent_rejected_its_config(demo_workloads, write_config):
+    from agent.doctor import report
+
+    cfg = write_config()
+    agent, _ = _agent(cfg, cycles=4)
+
+    async def corrupt() -> None:
+        while agent.state.latest is None:
+            await asyncio.sleep(0.05)
+        cfg.write_text(cfg.read_text() + "bogus_section: {}\n")
+
+    task = asyncio.create_task(corrupt())
+    assert await agent.run() == 0
+    await task
+    section = report(agent.config)["config"]
+    assert not section["available"]
+    assert "rejected" in section["reason"] and "bogus_section" in section["reason"]
+    assert section["running_agent"]["pid"] == os.getpid()
