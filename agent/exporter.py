@@ -265,6 +265,7 @@ class Exporter(Collector):
             return
         yield from _cycle_families(report, view["extra"])
         yield from _container_families(report.snapshot, view)
+        yield _vcpu_pins(report)
         yield from _node_families(report.snapshot, self.bandwidth_peak)
 
     def describe(self) -> Iterable[Metric]:
@@ -434,6 +435,25 @@ def _unique(snap: Snapshot) -> list[tuple[tuple[str, str, str], ContainerSample]
             seen.add(ident)
             out.append((ident, s))
     return out
+
+
+def _vcpu_pins(report: CycleReport) -> GaugeMetricFamily:
+    """The host CPU <-> vCPU mapping of VM-sandboxed containers with dedicated CPUs (seed 000).
+
+    The one series with a CPU next to a container: each pinned host CPU belongs to exactly one
+    vCPU of one container, so there are at most as many series as CPUs, never CPUs x containers.
+    """
+    fam = _gauge("perfbalance_vcpu_pin_info", "A vCPU of a VM-sandboxed container pinned 1:1 to a host CPU (always 1).",
+                 labels=[*ID, "vcpu", "host_cpu"])
+    by_id = {s.id: s for s in report.snapshot.containers}
+    for cid, mapping in sorted(report.vcpu_map.items()):
+        sample = by_id.get(cid)
+        if sample is None:
+            continue
+        ident = container_ident(sample)
+        for host_cpu, vcpu in sorted(mapping.items()):
+            fam.add_metric([*ident, str(vcpu), str(host_cpu)], 1)
+    return fam
 
 
 def _info(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]]) -> GaugeMetricFamily:

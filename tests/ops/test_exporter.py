@@ -176,7 +176,7 @@ def test_state_json_is_strict_json_with_the_report_and_the_view() -> None:
 
 
 def full_exposition() -> str:
-    st = s.state()
+    st = s.state(dataclasses.replace(s.report(), vcpu_map={"c-web": {2: 1, 3: 2}}))
     st.extra["mqtt"] = {"configured": 1}
     st.extra["resctrl_classes"] = {"gold": ClassUsage(llc_occupancy_bytes=4e6, mbm_total_bytes_total=1e9,
                                                       mbm_local_bytes_total=8e8)}
@@ -198,6 +198,14 @@ def test_rdt_class_usage_is_exported_per_class_as_counters() -> None:
     assert [(x.labels, x.value) for x in mbm.samples if x.name.endswith("_total")] == [({"class": "gold"}, 1e9)]
     occ = fams["perfbalance_resctrl_class_llc_occupancy_bytes"]
     assert occ.type == "gauge" and occ.samples[0].value == 4e6
+
+
+def test_vcpu_pinning_is_exported_once_per_pinned_host_cpu() -> None:
+    fams = {f.name: f for f in text_string_to_metric_families(full_exposition())}
+    pins = sorted((x.labels["host_cpu"], x.labels["vcpu"]) for x in fams["perfbalance_vcpu_pin_info"].samples)
+    assert pins == [("2", "1"), ("3", "2")]
+    assert {(x.labels["namespace"], x.labels["container"]) for x in fams["perfbalance_vcpu_pin_info"].samples} \
+        == {("web", "nginx")}
 
 
 def test_every_exported_metric_is_documented() -> None:
