@@ -16,6 +16,8 @@ import os
 import shutil
 import sys
 
+from perfbalance.cpuset import CpuSet
+
 PACKAGES, NODES_PER_PACKAGE, CORES_PER_NODE, THREADS = 2, 2, 4, 2
 CORES = PACKAGES * NODES_PER_PACKAGE * CORES_PER_NODE
 NCPUS = CORES * THREADS
@@ -25,15 +27,7 @@ NODE_KB = 64 << 20
 
 
 def cpulist(ids: list[int]) -> str:
-    ids = sorted(ids)
-    parts, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return str(CpuSet(ids))
 
 
 def put(root: str, rel: str, text: str) -> None:
