@@ -14,8 +14,9 @@ import errno
 import logging
 import os
 import resource
+import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from collectors import cgroupfs as cg
@@ -25,6 +26,9 @@ from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, Pe
 from perfbalance.model import CollectorStatus, Container
 
 log = logging.getLogger(__name__)
+
+
+SLOW_EVERY = 2  # memory usage and memory PSI are read every this many cycles per container
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +157,7 @@ class CgroupStatsCollector:
         self._log = LogOnce(log)
         self._usage_v1 = self._cpu_v1 = self._mem_v1 = False
         self._psi = False
+        self._cycle = 0
 
     def start(self) -> CollectorStatus:
         if not self.enabled:
@@ -191,31 +196,39 @@ class CgroupStatsCollector:
         self._last = now
         out: dict[str, dict[str, float]] = {}
         prev, self._prev = self._prev, {}
+        self._cycle += 1
         for c in containers:
+            before = prev.get(c.id)
+            # Memory usage and memory pressure (a 10 s average) move slowly: each container reads
+            # them every SLOW_EVERY cycles, staggered, and keeps the last values in between.
+            slow = before is None or (self._cycle + zlib.crc32(c.id.encode())) % SLOW_EVERY == 0
             try:
-                cur = self.read(c.cgroup)
+                cur = self.read(c.cgroup, slow=slow)
             except (PerfbalanceError, OSError) as e:
                 if not isinstance(e, ContainerGone):
                     self._log.warning(f"cgroup_stats: {c.id}: {e}")
                 continue
+            if not slow and before is not None:
+                cur = replace(cur, memory_bytes=before.memory_bytes, psi_memory_some=before.psi_memory_some)
             self._prev[c.id] = cur
-            out[c.id] = metrics(cur, prev.get(c.id), window)
+            out[c.id] = metrics(cur, before, window)
         if self._files is not None:
             self._files.retain(c.cgroup for c in containers)
         return out
 
-    def read(self, rel: str) -> Reading:
-        """One container's counters (ContainerGone when its cgroup vanished)."""
+    def read(self, rel: str, *, slow: bool = True) -> Reading:
+        """One container's counters (ContainerGone when its cgroup vanished); with slow=False the
+        memory usage and memory pressure files are not read (left None)."""
         f = self._files if self._files is not None else FileCache(self.cgroupfs, capacity=0)
         stat = cg.parse_cpu_stat(f.read(rel, "cpu" if self._cpu_v1 else None, "cpu.stat"))
         usage = cg.parse_cpuacct_usage(f.read(rel, "cpuacct", "cpuacct.usage")) if self._usage_v1 else stat.usage_usec
         mem = self._optional(f, rel, "memory" if self._mem_v1 else None,
-                             "memory.usage_in_bytes" if self._mem_v1 else "memory.current")
+                             "memory.usage_in_bytes" if self._mem_v1 else "memory.current") if slow else None
         return Reading(usage_usec=usage, nr_periods=stat.nr_periods, nr_throttled=stat.nr_throttled,
                        throttled_usec=stat.throttled_usec,
                        memory_bytes=cg.parse_memory_usage(mem) if mem else None,
                        psi_cpu_some=self._pressure(f, rel, "cpu.pressure"),
-                       psi_memory_some=self._pressure(f, rel, "memory.pressure"))
+                       psi_memory_some=self._pressure(f, rel, "memory.pressure") if slow else None)
 
     def _optional(self, f: FileCache, rel: str, controller: str | None, name: str) -> str | None:
         """A file that some cgroups lack (the root's memory.current, a controller not enabled)."""

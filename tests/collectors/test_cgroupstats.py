@@ -127,3 +127,25 @@ def test_malformed_pressure_names_the_file() -> None:
 
     with pytest.raises(ParseError, match="kubepods/x/cpu.pressure"):
         parse_psi_some_avg10("garbage", source="kubepods/x/cpu.pressure")
+
+
+def test_memory_signals_are_read_every_other_cycle_and_reported_every_cycle() -> None:
+    from collectors.cgroupstats import SLOW_EVERY
+
+    col = CgroupStatsCollector(cgroupfs=None)
+    col._status = col._set(True, "")  # no files: read() is replaced below
+    reads: list[bool] = []
+    usage = iter(range(0, 10_000_000, 100_000))
+
+    def fake_read(rel: str, *, slow: bool = True) -> Reading:
+        reads.append(slow)
+        return Reading(usage_usec=next(usage), memory_bytes=4096 * len(reads) if slow else None,
+                       psi_memory_some=0.25 if slow else None)
+
+    col.read = fake_read  # type: ignore[method-assign]
+    c = Container(id="a", cgroup="pod/a")
+    out = [col.collect([c], now=float(t))["a"] for t in range(1, 7)]
+    assert reads[0] is True  # a new container reads everything at once
+    assert reads.count(True) == 1 + (len(reads) - 1) // SLOW_EVERY  # then every SLOW_EVERY cycles
+    assert all("memory_bytes" in m and m["psi_memory_some"] == 0.25 for m in out)  # kept between reads
+    assert all("cpu_usage_cores" in m for m in out[1:])  # CPU is read every cycle
