@@ -47,10 +47,16 @@ class Cgroups:
         self.made.append(rel)
         return Container(id=tag, name=tag, cgroup=rel)
 
-    def run(self, c: Container, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """Start argv already inside the cgroup (it moves itself before exec)."""
+    def run(self, c: Container, argv: Sequence[str], cpu: int | None = None) -> subprocess.Popen[bytes]:
+        """Start argv already inside the cgroup (it moves itself before exec), pinned to `cpu`."""
         fs, rel = self.fs, c.cgroup
-        p = subprocess.Popen(list(argv), preexec_fn=lambda: fs.attach(rel, os.getpid()),
+
+        def enter() -> None:
+            fs.attach(rel, os.getpid())
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+
+        p = subprocess.Popen(list(argv), preexec_fn=enter,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(p)
         return p
