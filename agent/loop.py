@@ -83,7 +83,6 @@ class Agent:
         self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node,
                                              self.config_path or "embedded defaults")
         self._write_config_status()
-        self.state.extra.update(self.parts.status_extra())
         services = await self.parts.start_services(self.state, self.config)
         try:
             await asyncio.to_thread(self._prime)
@@ -154,7 +153,7 @@ class Agent:
         """Recover from the checkpoint, open collectors and take a first reading so that cycle 1
         has a full window of rates."""
         assert self.parts is not None
-        containers, kubelet = self._discover([])
+        containers, kubelet = self.parts.discover([])
         if not self.dry_run:
             self._recover(containers, kubelet)
         self.parts.collect(containers, time.time())
@@ -183,17 +182,17 @@ class Agent:
                     log.warning("recovery of %s failed: %s", step.container, e)
             log.info("recovery: %s %s %s -> %s (%s)", step.action, step.kind, step.container,
                      step.value or "-", step.reason)
-            self._checkpoint("end_move", step.container, ok=ok, kind=step.kind)
+            self._checkpoint(lambda ck: ck.end_move(step.container, ok=ok, kind=step.kind))
         adopted = self.parts.cpusets.adopt(ck.cpuset_placements())
         self._inputs.planner_state = planner_seed(data, containers, time.time())
         log.info("restart: %d placement(s) of the previous run adopted", adopted)
 
-    def _checkpoint(self, method: str, *args: Any, errors: list[str] | None = None, **kw: Any) -> None:
+    def _checkpoint(self, record: Callable[[Checkpoint], None], errors: list[str] | None = None) -> None:
         """Record an intention; a failing write is reported, the cycle goes on."""
         if self.checkpoint is None or self.dry_run:
             return
         try:
-            getattr(self.checkpoint, method)(*args, **kw)
+            record(self.checkpoint)
         except CheckpointError as e:
             log.error("checkpoint: %s", e)
             if errors is not None:
@@ -204,9 +203,9 @@ class Agent:
         errors: list[str] = []
         self._maybe_reload(errors)
         now = time.time()
-        containers, kubelet = self._discover(errors)
+        containers, kubelet = self.parts.discover(errors)
         ids = {c.id for c in containers}
-        self._checkpoint("retain", ids, errors=errors)
+        self._checkpoint(lambda ck: ck.retain(ids), errors)
         self._inputs.failures = {k: v for k, v in self._inputs.failures.items() if k in ids}
         t0 = time.perf_counter()
         metrics = self.parts.collect(containers, now)
@@ -267,10 +266,6 @@ class Agent:
         except OSError as e:
             log.warning("cannot write %s in %s: %s", CONFIG_STATUS_FILE, self.config.agent.run_dir, e.strerror)
 
-    def _discover(self, errors: list[str]) -> tuple[list[Container], Any]:
-        assert self.parts is not None
-        return self.parts.discover(errors)
-
     def _snapshot(self, now: float, containers: Sequence[Container], kubelet: Any,
                   metrics: dict[str, dict[str, float]]) -> Snapshot:
         assert self.parts is not None
@@ -296,7 +291,7 @@ class Agent:
         self._inputs.planner_state = plan.state
         cooldowns = getattr(plan.state, "cooldown_until", None)
         if cooldowns is not None:
-            self._checkpoint("set_cooldowns", cooldowns, errors=errors)
+            self._checkpoint(lambda ck: ck.set_cooldowns(cooldowns), errors)
         return plan
 
     def _act(self, actions: Sequence[Action], snapshot: Snapshot, errors: list[str]) -> list[Applied]:
@@ -317,8 +312,8 @@ class Agent:
             try:
                 if container is None:
                     raise ContainerGone(action.container, "not in this cycle's snapshot")
-                self._checkpoint("begin_move", container.id, container.cgroup, action.frm, action.to,
-                                 kind, mems=action.mems, event_id=event.event_id, errors=errors)
+                self._checkpoint(lambda ck: ck.begin_move(container.id, container.cgroup, action.frm, action.to,
+                                                          kind, mems=action.mems, event_id=event.event_id), errors)
                 self.parts.apply(action, container)
                 event = replace(event, ok=True)
                 self._count(action)
@@ -333,7 +328,7 @@ class Agent:
                 with self.state.lock:
                     self.state.action_errors_total[type(e).__name__] += 1
             if container is not None:
-                self._checkpoint("end_move", container.id, ok=event.ok, kind=kind, errors=errors)
+                self._checkpoint(lambda ck: ck.end_move(container.id, ok=event.ok, kind=kind), errors)
             out.append(event)
         return out
 

@@ -211,9 +211,6 @@ class Parts:
     def vcpu_map(self) -> dict[str, dict[int, int]]:
         return self.vms.vcpu_map() if self.vms is not None else {}
 
-    def status_extra(self) -> dict[str, Any]:
-        return self.resctrl.extra()
-
     # -- services -------------------------------------------------------------------------
     async def start_services(self, state: AgentState, config: Config) -> list[Any]:
         from agent.services import start_services

@@ -293,7 +293,6 @@ class Plan:
     actions: tuple[Action, ...] = ()
     considered: tuple[Mapping[str, Any], ...] = ()
     state: Any = None
-    plan_seconds: float = 0.0
 
     def to_json(self) -> list[dict[str, Any]]:
         return [a.to_json() for a in self.actions]
