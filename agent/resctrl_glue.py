@@ -9,6 +9,7 @@ monitoring collector still exists and reports down with the reason, so `run --js
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from agent.config import Config
 from collectors.cgroupfs import Cgroupfs
 from collectors.resctrl_mon import ResctrlMonCollector
-from perfbalance.errors import ContainerGone, ResctrlError
+from perfbalance.errors import ResctrlError
 from perfbalance.host import HostPaths
 from perfbalance.model import Container
 from resctrl.actuator import ResctrlActuator
@@ -58,14 +59,10 @@ class RdtNode:
 
     def apply_class(self, container: Container, class_name: str) -> None:
         if self.actuator is None:
-            raise ResctrlError(f"assign {container.id} to class", class_name, 19, self.reason)  # ENODEV
-        try:
-            tids = self.tids_of(container)
-        except ContainerGone:
-            raise
-        result = self.actuator.apply_class(container, class_name or None, tids)
-        if getattr(result, "error", ""):
-            raise ResctrlError(f"assign {container.id} to class", class_name, 22, result.error)
+            raise ResctrlError(f"assign {container.id} to class", class_name, errno.ENODEV, self.reason)
+        result = self.actuator.apply_class(container, class_name or None, self.tids_of(container))
+        if result.error:  # ContainerGone from tids_of propagates as it is
+            raise ResctrlError(f"assign {container.id} to class", class_name, errno.EINVAL, result.error)
 
     def maintain(self, containers: Sequence[Container]) -> list[str]:
         if self.actuator is None:
