@@ -63,7 +63,7 @@ def applied(action: Action = MOVE, *, event_id: str = "ev-1", time: float = T0 +
 def report(samples: tuple[ContainerSample, ...] = (TRAINER, WEB, DB), *, cycle: int = 7,
            with_move: bool = True) -> CycleReport:
     snap = snapshot(samples, cycle=cycle)
-    plan = Plan(time=snap.time, actions=(MOVE,) if with_move else (), plan_seconds=0.004)
+    plan = Plan(time=snap.time, actions=(MOVE,) if with_move else ())
     return CycleReport(cycle=cycle, time=snap.time, snapshot=snap, plan=plan,
                        applied=(applied(),) if with_move else (), plan_seconds=0.004,
                        collect_seconds=0.12)
