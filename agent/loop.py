@@ -24,6 +24,7 @@ from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover,
 from agent.config import Config, ConfigWatcher
 from agent.parts import Parts, build_parts
 from agent.report import AgentState, Applied, CycleReport, Realized
+from agent.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
 
@@ -83,10 +84,10 @@ class Agent:
         self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node,
                                              self.config_path or "embedded defaults")
         self._write_config_status()
-        services = await self.parts.start_services(self.state, self.config)
+        services = await start_services(self.state, self.config)
         try:
             await asyncio.to_thread(self._prime)
-            await self._cycles()
+            await self._cycles(services)
         finally:
             await self._shutdown(services)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,7 +97,7 @@ class Agent:
                     pass
         return 0
 
-    async def _cycles(self) -> None:
+    async def _cycles(self, services: Services) -> None:
         started = time.monotonic()
         while not self._stop.is_set():
             if self.cycles is not None and self._inputs.cycle >= self.cycles:
@@ -118,7 +119,7 @@ class Agent:
                 report = replace(self.state.latest, applied=(), realized=(),
                                  errors=(f"cycle failed: {type(e).__name__}: {e}",))
             self.state.publish(report)
-            await self.parts_publish(report)
+            services.publish(report)
             if self.json_out is not None:
                 self.json_out.write(json.dumps(report.to_json(), sort_keys=False) + "\n")
                 self.json_out.flush()
@@ -132,17 +133,10 @@ class Agent:
         except asyncio.TimeoutError:
             return False
 
-    async def parts_publish(self, report: CycleReport) -> None:
-        assert self.parts is not None
-        for event in report.applied:
-            self.parts.publish_event(event, report)
-        for r in report.realized:
-            self.parts.publish_realized(r)
-
-    async def _shutdown(self, services: Sequence[Any]) -> None:
+    async def _shutdown(self, services: Services) -> None:
         assert self.parts is not None
         try:
-            await asyncio.wait_for(self.parts.stop_services(services), SHUTDOWN_GRACE_SECONDS)
+            await asyncio.wait_for(services.stop(), SHUTDOWN_GRACE_SECONDS)
         except asyncio.TimeoutError:
             log.warning("services did not stop within %.0fs", SHUTDOWN_GRACE_SECONDS)
         await asyncio.to_thread(self.parts.close)

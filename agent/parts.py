@@ -18,7 +18,7 @@ from agent.config import Config
 from agent.discovery import discover
 from agent.kubelet import KubeletStateReader
 from agent.resctrl_glue import RdtNode
-from agent.report import AgentState, Applied, CycleReport, Realized
+from agent.report import AgentState
 from agent.sysfs import read_topology
 from collectors.base import Collector
 from collectors.cgroupfs import Cgroupfs
@@ -59,7 +59,6 @@ class Parts:
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
         self.vms = self._make_vms()
-        self._mqtt: Any = None
         self._moved: dict[str, CpuSet] = {}
         self._containers: list[Container] = []
 
@@ -210,26 +209,6 @@ class Parts:
 
     def vcpu_map(self) -> dict[str, dict[int, int]]:
         return self.vms.vcpu_map() if self.vms is not None else {}
-
-    # -- services -------------------------------------------------------------------------
-    async def start_services(self, state: AgentState, config: Config) -> list[Any]:
-        from agent.services import start_services
-
-        services = await start_services(self, state, config)
-        return services
-
-    async def stop_services(self, services: Sequence[Any]) -> None:
-        from agent.services import stop_services
-
-        await stop_services(services)
-
-    def publish_event(self, event: Applied, report: CycleReport) -> None:
-        if self._mqtt is not None:
-            self._mqtt.publish_applied(event, report)
-
-    def publish_realized(self, r: Realized) -> None:
-        if self._mqtt is not None:
-            self._mqtt.publish_realized(r)
 
     def close(self) -> None:
         for c in self.collectors:

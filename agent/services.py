@@ -8,59 +8,64 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from agent.config import Config
-from agent.report import AgentState
+from agent.http import NodeServer, serve_from_config
+from agent.mqtt import MqttPublisher
+from agent.report import AgentState, CycleReport
 from perfbalance.errors import ConfigError
-
-if TYPE_CHECKING:
-    from agent.parts import Parts
 
 log = logging.getLogger("perfbalance.services")
 
 
-async def start_services(parts: Parts, state: AgentState, config: Config) -> list[Any]:
-    services: list[Any] = []
-    from agent.http import serve_from_config
-    from agent.mqtt import MqttPublisher
+@dataclass
+class Services:
+    server: NodeServer | None = None
+    publisher: MqttPublisher | None = None
+    task: asyncio.Task[Any] | None = None
 
+    def publish(self, report: CycleReport) -> None:
+        """A cycle's applied actions and realized gains as MQTT events (on the loop's thread)."""
+        if self.publisher is None:
+            return
+        for event in report.applied:
+            self.publisher.publish_applied(event, report)
+        for r in report.realized:
+            self.publisher.publish_realized(r)
+
+    async def stop(self) -> None:
+        if self.publisher is not None and self.task is not None:
+            await self.publisher.stop()
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+
+
+async def start_services(state: AgentState, config: Config) -> Services:
+    services = Services()
     try:
-        server = serve_from_config(state, config)
+        services.server = serve_from_config(state, config)
     except (ConfigError, OSError) as e:
         log.error("cannot serve on %s: %s; running without the HTTP endpoint", config.metrics.listen, e)
-        server = None
-    if server is not None:
-        log.info("serving metrics and the node view on %s", server.url)
-        services.append(server)
+    if services.server is not None:
+        log.info("serving metrics and the node view on %s", services.server.url)
     # Always run: with MQTT off it says so once and exports perfbalance_mqtt_configured 0.
     try:
-        publisher = MqttPublisher(config.mqtt, node=state.node, state=state)
+        services.publisher = MqttPublisher(config.mqtt, node=state.node, state=state)
     except ConfigError as e:
         log.error("MQTT disabled: %s", e)
         return services
-    task = asyncio.create_task(publisher.run(), name="mqtt-publisher")
-    task.add_done_callback(_log_crash)
-    parts._mqtt = publisher
-    services.append((publisher, task))
+    services.task = asyncio.create_task(services.publisher.run(), name="mqtt-publisher")
+    services.task.add_done_callback(_log_crash)
     return services
 
 
 def _log_crash(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s crashed: %r", task.get_name(), task.exception())
-
-
-async def stop_services(services: Sequence[Any]) -> None:
-    for s in services:
-        if isinstance(s, tuple):
-            publisher, task = s
-            await publisher.stop()
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        else:
-            await asyncio.to_thread(s.stop)
