@@ -23,6 +23,7 @@ class Program:
     tracepoint: tuple[str, str]  # (category, event)
     defines: tuple[str, ...]  # the defines it understands
     doc: str
+    also: tuple[tuple[str, str], ...] = ()  # further tracepoints of the same program
 
 
 PROGRAMS: dict[str, Program] = {
@@ -34,6 +35,11 @@ PROGRAMS: dict[str, Program] = {
         name="pmu", file="pmu.bpf.c", tracepoint=("sched", "sched_switch"),
         defines=("PB_NEVENTS", "PB_NCPU", "PB_MAX_KEYS", "PB_KEY_PID"),
         doc="per-CPU perf counters attributed to the outgoing task's cgroup at sched_switch"),
+    "runqlat": Program(
+        name="runqlat", file="runqlat.bpf.c", tracepoint=("sched", "sched_switch"),
+        also=(("sched", "sched_wakeup"), ("sched", "sched_wakeup_new")),
+        defines=("PB_MAX_KEYS", "PB_MAX_TASKS", "PB_KEY_PID"),
+        doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
 
 DefineValue = int | bool | str

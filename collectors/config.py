@@ -47,8 +47,16 @@ class PerfConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunqlatConfig:
+    enabled: bool = setting(True, "Measure run-queue latency (wakeup -> switch-in delay) per container with eBPF.")
+    max_keys: int = setting(10240, "Entries of the BPF map of per-cgroup latency histograms (cgroups or, on v1-only hosts, processes).", min=64, max=1 << 20)
+    max_tasks: int = setting(65536, "Entries of the BPF LRU map of runnable-since times (threads waiting for a CPU at once).", min=1024, max=1 << 22)
+
+
+@dataclass(frozen=True, kw_only=True)
 class CollectorsConfig:
     avx512: Avx512Config = setting(factory=Avx512Config, doc="")
     perf: PerfConfig = setting(factory=PerfConfig, doc="")
+    runqlat: RunqlatConfig = setting(factory=RunqlatConfig, doc="")
     cgroup_stats: bool = setting(True, "CPU usage, throttling and PSI from cgroupfs.")
     resctrl_monitoring: bool = setting(True, "Per-container resctrl monitoring groups (LLC occupancy, MBM) when resctrl is mounted.")

@@ -1,0 +1,197 @@
+"""Per-container run-queue latency: how long a container's runnable threads wait for a CPU.
+
+This is what a latency-sensitive victim experiences when it shares CPUs with busy neighbours
+(Heracles and PARTIES judge co-location by the victim's latency), and it exists on every Linux
+node, with or without a PMU. bpf/runqlat.bpf.c keeps, per cgroup, a cumulative log2 histogram of
+wakeup -> switch-in delays (plus their count and sum); this module reads it non-destructively,
+turns the deltas of one sample window into a histogram per container and its p50, p99 and mean,
+and prunes map entries of cgroups that are gone with the same sweep as the other BPF collectors.
+
+Percentiles are interpolated linearly inside a log2 bucket, so they carry up to a factor of two
+of resolution error; they are meant for ratios (shared vs alone, before vs after a move), not
+for sub-microsecond figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import bpf
+from collectors import bpfenv
+from collectors.base import Metrics
+from collectors.config import RunqlatConfig
+from perfbalance.errors import FeatureUnavailable, PerfbalanceError
+from perfbalance.host import HostPaths
+from perfbalance.model import CollectorStatus, Container
+
+log = logging.getLogger(__name__)
+
+SLOTS = 24  # PB_SLOTS in bpf/runqlat.bpf.c
+FIELDS = ("slot", "count", "sum_ns")
+TRACEPOINTS = (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch"))
+# bcc names a TRACEPOINT_PROBE(category, event) function tracepoint__<category>__<event>.
+FUNCS = {event: f"tracepoint__{cat}__{event}".encode() for cat, event in TRACEPOINTS}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Histogram:
+    """Run-queue waits of one container in one window: log2 buckets of microseconds."""
+
+    slots: tuple[int, ...] = (0,) * SLOTS  # slot i: waits in [2^i, 2^(i+1)) us (slot 0 from 0)
+    count: int = 0
+    sum_ns: int = 0
+
+    def __add__(self, other: Histogram) -> Histogram:
+        return Histogram(slots=tuple(a + b for a, b in zip(self.slots, other.slots)),
+                         count=self.count + other.count, sum_ns=self.sum_ns + other.sum_ns)
+
+    @classmethod
+    def from_row(cls, row: Sequence[int]) -> Histogram:
+        """A flat map row (SLOTS slots, count, sum_ns) as read by bpfenv.read_table."""
+        return cls(slots=tuple(row[:SLOTS]), count=int(row[SLOTS]), sum_ns=int(row[SLOTS + 1]))
+
+    @property
+    def mean_seconds(self) -> float | None:
+        return self.sum_ns / self.count / 1e9 if self.count else None
+
+
+def bucket_bounds_us(i: int) -> tuple[float, float]:
+    """[low, high) of slot i in microseconds (slot 0 starts at 0: it also holds < 1 us)."""
+    return (0.0 if i == 0 else float(1 << i), float(1 << (i + 1)))
+
+
+def percentile(h: Histogram, q: float) -> float | None:
+    """The q-quantile (0 < q <= 1) in seconds, linear inside the log2 bucket; None when empty."""
+    total = sum(h.slots)
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(h.slots):
+        if n and seen + n >= rank:
+            low, high = bucket_bounds_us(i)
+            return (low + (high - low) * (rank - seen) / n) / 1e6
+        seen += n
+    return bucket_bounds_us(SLOTS - 1)[1] / 1e6
+
+
+def per_container(deltas: Mapping[int, Sequence[int]], owners: Mapping[int, tuple[str, str]]) -> dict[str, Histogram]:
+    """Sum the per-key (cgroup id or pid) histograms of each container; unowned keys are ignored."""
+    out: dict[str, Histogram] = {}
+    for key, row in deltas.items():
+        owner = owners.get(key)
+        if owner is not None:
+            out[owner[0]] = out.get(owner[0], Histogram()) + Histogram.from_row(row)
+    return out
+
+
+def window_metrics(h: Histogram, window: float) -> dict[str, float]:
+    """One container's run-queue metrics for a window (names in docs/metrics.md).
+
+    The histogram's non-empty buckets are included as `runqueue_latency_bucket_<i>` (waits in
+    [2^i, 2^(i+1)) us) so a snapshot keeps the shape, not only the percentiles."""
+    out: dict[str, float] = {"runqueue_waits": float(h.count)}
+    if window > 0:
+        out["runqueue_waits_per_second"] = h.count / window
+        out["runqueue_wait_seconds_per_second"] = h.sum_ns / 1e9 / window
+    if h.count:
+        out["runqueue_latency_mean_seconds"] = h.sum_ns / h.count / 1e9
+        for name, q in (("p50", 0.50), ("p99", 0.99)):
+            value = percentile(h, q)
+            if value is not None:
+                out[f"runqueue_latency_{name}_seconds"] = value
+        out.update({f"runqueue_latency_bucket_{i}": float(n) for i, n in enumerate(h.slots) if n})
+    return out
+
+
+class RunqlatCollector:
+    """The `runqlat` collector (see the module docstring). Implements collectors.base.Collector."""
+
+    name = "runqlat"
+
+    def __init__(self, *, config: RunqlatConfig, host: HostPaths, cgroupfs: Any,
+                 pid_keys: bool | None = None) -> None:
+        self.config, self.host, self.cgroupfs = config, host, cgroupfs
+        self._force_pid_keys = pid_keys
+        self._bpf: Any = None
+        self._map: bpfenv.CountingMap | None = None
+        self._keys: bpfenv.KeyMap | None = None
+        self._owners: dict[int, tuple[str, str]] = {}
+        self._last: float | None = None
+        self._status = CollectorStatus(up=False, reason="not started")
+        self._log = bpfenv.LogOnce(log)
+        self.defines: dict[str, bpf.DefineValue] = {}
+        self.histograms: dict[str, Histogram] = {}  # the last window's, per container
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> CollectorStatus:
+        if not self.config.enabled:
+            return self._set(False, "disabled in config (collectors.runqlat.enabled)")
+        try:
+            return self._start_bpf()
+        except (FeatureUnavailable, PerfbalanceError, OSError) as e:
+            reason = getattr(e, "reason", str(e))
+            self._log.warning(f"runqlat: BPF unavailable: {reason}")
+            return self._set(False, f"BPF unavailable: {reason}")
+
+    def _start_bpf(self) -> CollectorStatus:
+        env = bpfenv.prepare(self.host)
+        for cat, event in TRACEPOINTS:
+            if not bpfenv.tracepoint_exists(self.host.tracefs, cat, event):
+                raise FeatureUnavailable("bpf", f"tracepoint {cat}/{event} not in {self.host.tracefs}/events")
+        pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
+        self.defines = {"PB_MAX_KEYS": self.config.max_keys, "PB_MAX_TASKS": self.config.max_tasks,
+                        "PB_KEY_PID": pid_keys}
+        self._bpf = env.load(bpf.render("runqlat", self.defines))
+        live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._map = bpfenv.CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
+                                       max_keys=self.config.max_keys, live=live)
+        self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
+                         headers=env.headers.source, headers_release=env.headers.release)
+
+    def status(self) -> CollectorStatus:
+        return self._status
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._map = None
+        if self._status.up:
+            self._set(False, "closed")
+
+    def _set(self, up: bool, reason: str, **detail: Any) -> CollectorStatus:
+        self._status = CollectorStatus(up=up, reason=reason, detail=detail)
+        return self._status
+
+    @property
+    def map_keys(self) -> int:
+        """Rows of the histogram map as of the last read (for churn tests and `bench collect`)."""
+        return self._map.rows if self._map is not None else 0
+
+    def program_fds(self) -> dict[str, int]:
+        """Loaded program fds by tracepoint event, for `bench collect` (ns per event)."""
+        if self._bpf is None:
+            return {}
+        return {event: self._bpf.funcs[f].fd for event, f in FUNCS.items() if f in self._bpf.funcs}
+
+    # -- collection ---------------------------------------------------------------------------
+    def collect(self, containers: Sequence[Container], now: float) -> Metrics:
+        if not self._status.up or self._map is None or self._keys is None:
+            return {}
+        window = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        try:
+            deltas = self._map.deltas()
+            owners = self._keys.build(containers, deltas.keys())
+            self._map.prune(self._owners, owners)
+        except (PerfbalanceError, OSError) as e:
+            self._log.warning(f"runqlat: collection failed: {e}")
+            return {}
+        self._owners = owners
+        self.histograms = per_container(deltas, owners)
+        return {c.id: window_metrics(self.histograms.get(c.id, Histogram()), window) for c in containers}
