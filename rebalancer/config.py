@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from perfbalance.settings import setting
 
@@ -31,6 +32,9 @@ DEFAULT_LICENSE_LOSS: Mapping[str, float] = {
 @dataclass(frozen=True, kw_only=True)
 class RebalancerConfig:
     enabled: bool = setting(True, "Plan moves at all (false: collect and report only).")
+    policy: str = setting("costmodel", "The planner: a policy registered under the Python entry-point group perfbalance.policies (built in: costmodel, spread; docs/policies.md). The other keys of this section are the costmodel's settings.", check=lambda v: None if v.strip() else "must name a policy")
+    policies: Mapping[str, Mapping[str, Any]] = setting(factory=dict, doc="Settings of the other policies, by policy name (e.g. policies: {spread: {tolerance_cores: 1.0}}); each is validated against the policy's own settings when the config is loaded.")
+    policy_budget_seconds: float = setting(2.0, "Time one planning call may take; a policy that runs longer (or raises) is reported, its state kept from its last good call, and the cycle makes no moves.", min=0.01, max=600)
     margin: float = setting(0.02, "A move is made only when benefit - amortized cost exceeds this many core-seconds per second.", min=0.0)
     dwell_seconds: float = setting(60.0, "Minimum time a container stays where it was put before it may move again.", min=0.0)
     cooldown_seconds: float = setting(300.0, "After a rollback, the containers involved are left alone this long.", min=0.0)

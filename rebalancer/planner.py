@@ -27,6 +27,7 @@ from rebalancer.costmodel import Evaluation, Layout, move_cost
 from rebalancer.decisions import Decision, candidates
 from rebalancer.evaluate import judge_pending
 from rebalancer.inputs import smooth
+from rebalancer.policy import Policy
 from rebalancer.state import Moved, Pending, PlannerState, frozen_map
 
 MAX_CONSIDERED = 64
@@ -264,3 +265,7 @@ def _note(considered: list[dict[str, Any]], d: Decision, why: str, s: Scored | N
 
 def _fmt(cpus: frozenset[int]) -> str:
     return str(CpuSet(cpus))
+
+
+POLICY = Policy(name="costmodel", plan=plan, config_type=RebalancerConfig, state_type=PlannerState,
+                summary="the cost model of docs/cost-model.md: move only when the predicted benefit beats the move's cost")

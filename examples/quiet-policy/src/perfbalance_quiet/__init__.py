@@ -1,0 +1,1 @@
+"""Example perfbalance policy package (see policy.py)."""
