@@ -8,6 +8,8 @@ MODE=${1:-run}
 
 RUN_PKGS=(python3 python3-venv python3-bpfcc linux-headers-amd64 bpfcc-tools)
 TEST_PKGS=(mosquitto prometheus stress-ng chromium fuse3 libfuse3-3 procps util-linux)
+# tests/node: a real container runtime (started privately by the tests, never as a service)
+TEST_PKGS+=(containerd runc busybox-static)
 
 pkgs=("${RUN_PKGS[@]}")
 [ "$MODE" = test ] && pkgs+=("${TEST_PKGS[@]}")
@@ -24,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # The distribution enables these services on install; the tests start their own instances.
 if [ "$MODE" = test ]; then
-    for svc in mosquitto prometheus; do
+    for svc in mosquitto prometheus containerd; do
         systemctl disable --now "$svc" >/dev/null 2>&1 || true
     done
 fi
