@@ -43,7 +43,7 @@ if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$SITE/bcc" ]; then
     ln -s /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
 fi
 
-EXTRA=""
+EXTRA="[nri]"
 [ "$MODE" = test ] && EXTRA="[test]"
 STAMP="$VENV/.installed-$MODE"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
@@ -51,4 +51,17 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     "$VENV/bin/pip" install -q -e ".$EXTRA"
     touch "$STAMP"
+fi
+
+# NRI: the .proto files of Debian 13's NRI package (and, for the tests, the CRI api.proto and
+# containerd 1.7 itself), fetched without installing them, then Python modules generated into
+# the venv. Debian 12 has neither the NRI package nor a containerd with NRI.
+TRIXIE_CACHE=${PERFBALANCE_TRIXIE_CACHE:-/var/cache/perfbalance/trixie}
+if [ "$MODE" = test ]; then
+    scripts/trixie-debs.sh "$TRIXIE_CACHE" golang-github-containerd-nri-dev \
+        golang-github-kubernetes-cri-api-dev containerd
+    scripts/gen-protos.sh "$VENV" "$TRIXIE_CACHE" cri
+else
+    scripts/trixie-debs.sh "$TRIXIE_CACHE" golang-github-containerd-nri-dev
+    scripts/gen-protos.sh "$VENV" "$TRIXIE_CACHE"
 fi

@@ -75,14 +75,20 @@ class NriClient:
         conn, plugin = self._conn, self._plugin
         if conn is None or plugin is None or not self._status.connected:
             raise Closed("NRI not connected")
-        req = self._pb.UpdateContainersRequest(update=[plugin.container_update(c, p) for c, p in placements.items()])
+        # containerd drops updates of containers it does not know without saying so: check first
+        known = plugin.view.containers
+        failed = {cid: "container not known to the runtime" for cid in placements if cid not in known}
+        todo = {cid: p for cid, p in placements.items() if cid in known}
+        if not todo:
+            return failed
+        req = self._pb.UpdateContainersRequest(update=[plugin.container_update(c, p) for c, p in todo.items()])
         try:
             raw = conn.call(api.RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), timeout=self._timeout)
         except CallError as e:
-            return {cid: str(e) for cid in placements}
-        failed = {u.container_id: "runtime refused the update"
-                  for u in self._pb.UpdateContainersResponse.FromString(raw).failed}
-        for cid, p in placements.items():
+            return {**failed, **{cid: str(e) for cid in todo}}
+        failed |= {u.container_id: "runtime refused the update"
+                   for u in self._pb.UpdateContainersResponse.FromString(raw).failed}
+        for cid, p in todo.items():
             if cid not in failed:
                 plugin.record_update(cid, p)
         return failed

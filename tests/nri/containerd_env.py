@@ -26,7 +26,7 @@ CACHE = Path(os.environ.get("PERFBALANCE_TRIXIE_CACHE", "/var/cache/perfbalance/
 BIN = CACHE / "usr/bin"
 IMAGE = "docker.io/pbnri/busybox:1"
 BUSYBOX = Path("/usr/bin/busybox")
-RUNC = Path("/usr/sbin/runc")
+RUNC = Path(os.environ.get("PBNRI_RUNC", "/usr/sbin/runc"))
 
 
 def missing() -> str:
@@ -105,6 +105,8 @@ state = "{d}/state"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{image}"
   enable_selinux = false
+  # this machine withholds CAP_SYS_RESOURCE: a sandbox cannot lower oom_score_adj to -998
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
     default_runtime_name = "runc"
@@ -200,3 +202,14 @@ def cleanup(c: Containerd) -> None:
             pass
     subprocess.run(["umount", "-R", "--lazy", str(c.dir)], capture_output=True)
     shutil.rmtree(c.dir, ignore_errors=True)
+
+
+def remove_cgroups(name: str) -> None:
+    """rmdir, deepest first, every cgroup directory named `name` (and below) in every hierarchy:
+    runc creates the relative pod parents under the caller's own cgroup of each hierarchy."""
+    for top in Path("/sys/fs/cgroup").glob(f"**/{name}"):
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass

@@ -17,6 +17,7 @@ class Kubelet:
         self._chan = grpc.insecure_channel(address)
         self.rt = cri_grpc.RuntimeServiceStub(self._chan)
         self.cgroup_parent = cgroup_parent
+        self.pods: list[str] = []  # removed by the fixture
 
     def close(self) -> None:
         self._chan.close()
@@ -35,7 +36,17 @@ class Kubelet:
                     namespace_options=cri.NamespaceOption(network=cri.NODE))))
 
     def run_pod(self, cfg: cri.PodSandboxConfig) -> str:
-        return self.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=cfg), timeout=120).pod_sandbox_id
+        pod_id = self.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=cfg), timeout=120).pod_sandbox_id
+        self.pods.append(pod_id)
+        return pod_id
+
+    def run(self, pod: str, name: str, **kw: object) -> tuple[str, str, int]:
+        """A pod with one started container: (pod id, container id, container pid)."""
+        cfg = self.pod_config(pod)
+        pod_id = self.run_pod(cfg)
+        cid = self.create(pod_id, cfg, name, **kw)  # type: ignore[arg-type]
+        self.start(cid)
+        return pod_id, cid, self.pid(cid)
 
     def create(self, pod_id: str, pod_cfg: cri.PodSandboxConfig, name: str, *, cpuset: str = "",
                annotations: dict[str, str] | None = None) -> str:
