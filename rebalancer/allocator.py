@@ -65,12 +65,22 @@ def _dies_by_node(idx: TopoIndex) -> dict[tuple[int, int], frozenset[int]]:
 
 
 def _core_order(idx: TopoIndex, cores: list[CoreKey], high_priority: bool) -> list[CoreKey]:
-    hp = idx.high_priority
+    statics = _core_statics(idx)
 
     def key(k: CoreKey) -> tuple[int, int, int]:
-        is_hp = bool(idx.cores[k] & hp)
-        return (0 if is_hp == high_priority else 1, idx.l3_of[min(idx.cores[k])], min(idx.cores[k]))
+        is_hp, l3, first = statics[k]
+        return (0 if is_hp == high_priority else 1, l3, first)
     return sorted(cores, key=key)
+
+
+def _core_statics(idx: TopoIndex) -> dict[CoreKey, tuple[bool, int, int]]:
+    """Per core: (has an SST-BF high-priority CPU, L3 domain, lowest CPU id), once per index."""
+    hit = idx.memo.get(("core-statics",))
+    if hit is None:
+        hit = idx.memo[("core-statics",)] = {
+            k: (bool(cpus & idx.high_priority), idx.l3_of[min(cpus)], min(cpus))
+            for k, cpus in idx.cores.items()}
+    return hit  # type: ignore[return-value]
 
 
 def _free_cores(idx: TopoIndex, avail: frozenset[int], domain: frozenset[int]) -> list[CoreKey]:

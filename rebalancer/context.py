@@ -34,6 +34,7 @@ class Context:
     unmovable: Mapping[str, str]  # container -> why it may not move now
     sandboxes: tuple[Sandbox, ...] = ()  # VM-sandboxed pods (Kata, KubeVirt)
     sandbox_of: Mapping[str, Sandbox] = field(default_factory=dict)  # container -> its sandbox
+    heavy: tuple[str, ...] = ()  # AVX-512-heavy containers, sorted
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -47,11 +48,11 @@ class Context:
         resctrl = snapshot.collectors.get("resctrl")
         rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
         model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt)
-        placement = {cid: (v.cpuset & idx.online) or idx.online for cid, v in views.items()}
+        placement = _placement(views, idx)
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
-        return cls(unmovable=unmovable, sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
+        return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable, sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
                    config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
@@ -76,6 +77,20 @@ class Context:
         used = mcpu.total(mcpu.from_cores(self.views[c].usage * (1.0 + cfg.island_headroom)) for c in users)
         used = max(0, used - mcpu.from_cores(cfg.size_tolerance_cores))
         return max(1, mcpu.to_cpus(requests), mcpu.to_cpus(used))
+
+def _placement(views: Mapping[str, View], idx: TopoIndex) -> dict[str, frozenset[int]]:
+    """Each container's online CPUs, one frozenset object per distinct cpuset: the cost model
+    keys groups and memos by cpuset, and equal-but-distinct 256-CPU sets compare element by
+    element on every lookup while identical ones compare by identity."""
+    canon: dict[frozenset[int], frozenset[int]] = {}
+    out = {}
+    for cid, v in views.items():
+        cpus = canon.get(v.cpuset)
+        if cpus is None:
+            cpus = canon[v.cpuset] = idx.intern((v.cpuset & idx.online) or idx.online)
+        out[cid] = cpus
+    return out
+
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:
     """Why a container may not move now ("" when it may)."""

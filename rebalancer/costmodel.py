@@ -78,7 +78,8 @@ class Layout:
             joining.setdefault(placement[cid], set()).add(cid)
         for k in leaving.keys() | joining.keys():
             old = groups[k].members if k in groups else []
-            ids = [m for m in old if m not in leaving.get(k, ())] if k in leaving else list(old)
+            gone = leaving.get(k)
+            ids = [m for m in old if m not in gone] if gone else list(old)
             ids += joining.get(k, ())
             if ids:
                 groups[k] = model.build_group(ids, new_classes)
@@ -114,6 +115,10 @@ class CostModel:
         self._k0: dict[str, float] = {}
         self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], Group] = {}
+        # per container: (usage, AVX-512 usage, misses, bandwidth, requests outside VM sandboxes;
+        # a VM pod's demand is its vCPUs)
+        self._inputs = {cid: (v.usage, v.usage if v.heavy else 0.0, v.misses, v.bandwidth,
+                              0 if v.sandbox_pod else v.request_mcpu) for cid, v in views.items()}
 
     # -- roles -------------------------------------------------------------------------------
     def _is_aggressor(self, v: View) -> bool:
@@ -143,17 +148,22 @@ class CostModel:
         return hit
 
     def _sum_group(self, members: tuple[str, ...], classes: Mapping[str, str]) -> Group:
-        g = Group(members=list(members))
-        for cid in g.members:
-            v = self.views[cid]
-            restricted = bool(self.aggressor_class) and classes.get(cid) == self.aggressor_class
-            g.u += v.usage
-            g.au += v.usage if v.heavy else 0.0
-            g.mr += v.misses if restricted else 0.0
-            g.m += 0.0 if restricted else v.misses
-            g.b += v.bandwidth
-            g.req += 0 if v.sandbox_pod else v.request_mcpu  # a VM pod's demand is its vCPUs
-        return g
+        # one pass over precomputed per-container tuples, in member order (the same additions,
+        # in the same order, as summing the views' fields one by one)
+        u = au = m = mr = b = 0.0
+        req = 0
+        agg = self.aggressor_class
+        inputs = self._inputs
+        for cid in members:
+            vu, vau, vm, vb, vreq = inputs[cid]
+            restricted = bool(agg) and classes.get(cid) == agg
+            u += vu
+            au += vau
+            mr += vm if restricted else 0.0
+            m += 0.0 if restricted else vm
+            b += vb
+            req += vreq
+        return Group(members=list(members), u=u, au=au, m=m, mr=mr, b=b, req=req)
 
     def set_baseline(self, layout: Layout) -> None:
         """Record each LLC victim's modelled cache share in the measured placement (C0)."""
@@ -321,6 +331,30 @@ def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,
     refill = (v.occupancy or 0.0) * _cold_fraction(idx, frm, to) / config.refill_bandwidth
     moved = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to) if v.memory_bytes else 0.0
     return (refill, v.memory_bytes * moved / config.migration_bandwidth, config.disruption_core_seconds)
+
+
+def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
+               idx: TopoIndex, config: RebalancerConfig) -> dict[str, tuple[float, float, float]]:
+    """`move_cost` of every container in `targets` (in its order); a decision moves hundreds of
+    containers from a few cpusets to a few targets, so the fractions are looked up once per pair."""
+    out: dict[str, tuple[float, float, float]] = {}
+    cold_of: dict[tuple[int, int], float] = {}
+    refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
+    disruption = config.disruption_core_seconds
+    for cid, to in targets.items():
+        frm = placement[cid]
+        if frm is to or frm == to:
+            out[cid] = (0.0, 0.0, 0.0)
+            continue
+        pair = (id(frm), id(to))  # both alive in `placement` and `targets` meanwhile
+        cold = cold_of.get(pair)
+        if cold is None:
+            cold = cold_of[pair] = _cold_fraction(idx, frm, to)
+        v = views[cid]
+        moved = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to) if v.memory_bytes else 0.0
+        out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
+                    disruption)
+    return out
 
 
 def _cold_fraction(idx: TopoIndex, frm: frozenset[int], to: frozenset[int]) -> float:

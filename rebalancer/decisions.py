@@ -20,6 +20,7 @@ vCPUs); evicted VM pods get CPUs with the same count per NUMA node when the node
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -97,8 +98,8 @@ def _scalar_cpus(ctx: Context, layout: Layout) -> frozenset[int]:
     return frozenset(out)
 
 
-def _heavy(ctx: Context) -> list[str]:
-    return sorted(cid for cid, v in ctx.views.items() if v.heavy)
+def _heavy(ctx: Context) -> tuple[str, ...]:
+    return ctx.heavy
 
 
 def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[int]:
@@ -148,30 +149,36 @@ def _island_targets(ctx: Context, layout: Layout, cohort: list[str],
 
 
 def _prefer_nodes(ctx: Context, cpus: frozenset[int]) -> list[int]:
-    counts: dict[int, int] = {}
-    for c in cpus:
-        counts[ctx.idx.node_of[c]] = counts.get(ctx.idx.node_of[c], 0) + 1
-    return sorted(counts, key=lambda n: (-counts[n], n))
+    key = ("prefer", cpus)
+    hit = ctx.idx.memo.get(key)
+    if hit is None:
+        counts: dict[int, int] = {}
+        for c in cpus:
+            counts[ctx.idx.node_of[c]] = counts.get(ctx.idx.node_of[c], 0) + 1
+        hit = ctx.idx.memo[key] = tuple(sorted(counts, key=lambda n: (-counts[n], n)))
+    return list(hit)  # type: ignore[call-overload]
 
 
 def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: frozenset[int],
                     primary: str) -> Decision | None:
+    # targets are interned (TopoIndex.intern): later memo lookups then compare by identity
+    target = ctx.idx.intern(target)
     cpus = {cid: target for cid in members if layout.placement[cid] != target}
     allocated: set[str] = set()
     for here in sorted((k for k in layout.groups if k & target), key=sorted):
-        rest = (here & ctx.free) - target
+        rest = ctx.idx.intern((here & ctx.free) - target)
         for cid in layout.groups[here].members:
             if ctx.views[cid].heavy:
                 continue
             shaped = _vm_shaped(ctx, here, ctx.free - target) if cid in ctx.sandbox_of else None
             if shaped is not None:
-                cpus[cid] = shaped
+                cpus[cid] = ctx.idx.intern(shaped)
             elif not rest:
                 got = allocate(ctx.idx, ctx.free - target, ctx.need_cpus([cid]),
                                prefer_nodes=_prefer_nodes(ctx, here))
                 if got is None:
                     return None
-                cpus[cid] = got
+                cpus[cid] = ctx.idx.intern(got)
                 allocated.add(cid)
             else:
                 cpus[cid] = rest
@@ -200,7 +207,7 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
                     rest = _vm_shaped(ctx, here, ctx.free - siblings) or rest
                 if not rest:
                     break
-                cpus[other] = rest
+                cpus[other] = ctx.idx.intern(rest)
         else:
             if cpus:
                 out.append(Decision(kind="avx512_shield", primary=cid, cpus=cpus,
@@ -213,7 +220,8 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
 
 def _top(ctx: Context, ids: frozenset[str], key: str) -> list[str]:
     movable = [c for c in ids if not ctx.views[c].exclusive]
-    return sorted(movable, key=lambda c: (-getattr(ctx.views[c], key), c))[:MAX_PER_KIND]
+    # nsmallest(n, ...) == sorted(...)[:n]; the key is a total order (ties broken by id)
+    return heapq.nsmallest(MAX_PER_KIND, movable, key=lambda c: (-getattr(ctx.views[c], key), c))
 
 
 def _llc(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
@@ -245,8 +253,8 @@ def _bandwidth(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Dec
     hot = _hot_nodes(ctx, layout)
     if not hot:
         return []
-    hogs = frozenset(c for c, v in ctx.views.items()
-                     if v.bandwidth > 0 and ctx.idx.nodes_of(layout.placement[c]) & hot)
+    hogs = frozenset(c for k, g in layout.groups.items() if g.b > 0 and ctx.idx.nodes_of(k) & hot
+                     for c in g.members if ctx.views[c].bandwidth > 0)
     out: list[Decision] = []
     for cid in _top(ctx, hogs, "bandwidth"):
         out += _relocations(ctx, layout, cid, ctx.idx.nodes, island, "bandwidth",
@@ -267,7 +275,7 @@ def _relocations(ctx: Context, layout: Layout, cid: str, domains: Mapping[int, f
         kw = {"prefer_nodes": _prefer_nodes(ctx, cpus), "high_priority": sensitive}
         got = allocate(ctx.idx, usable - claimed, need, **kw) or allocate(ctx.idx, usable, need, **kw)
         if got is not None and got != here:
-            out.append(Decision(kind=kind, primary=cid, cpus={cid: got}, allocated=frozenset({cid}),
+            out.append(Decision(kind=kind, primary=cid, cpus={cid: ctx.idx.intern(got)}, allocated=frozenset({cid}),
                                 reason=f"{reason} {d} ({_fmt(got)})"))
     return out
 

@@ -23,7 +23,7 @@ from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import numa_move_problem, sandbox_mask, spans_needlessly
 from rebalancer.context import Context
-from rebalancer.costmodel import Evaluation, Layout, move_cost
+from rebalancer.costmodel import Evaluation, Layout, move_costs
 from rebalancer.decisions import Decision, candidates
 from rebalancer.evaluate import judge_pending
 from rebalancer.inputs import smooth
@@ -120,15 +120,19 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
                 masks: Mapping[str, frozenset[int]]) -> str:
     """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
     NUMA nodes, demand fits. `masks`: every VM pod's mask in `layout` (before `d`)."""
+    inside: dict[int, bool] = {}  # by target object: many containers share one target
     for cid, cpus in sorted(d.cpus.items()):
-        if not cpus or not cpus <= ctx.free:
+        ok = inside.get(id(cpus))
+        if ok is None:
+            ok = inside[id(cpus)] = bool(cpus) and cpus <= ctx.free
+        if not ok:
             return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
         if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
             return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
     why = _sandbox_constraint(ctx, layout, d)
     if why:
         return why
-    targets = set(d.cpus.values())
+    targets = set({id(c): c for c in d.cpus.values()}.values())
     vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
     masks = {**masks, **{pod: sandbox_mask(after.placement, sb) for pod, sb in vms.items()}}
     targets |= {masks[pod] for pod in vms}
@@ -162,8 +166,7 @@ def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, d: Decis
     benefit = ev.total - ev2.total
     if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up
         return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0)
-    costs = {cid: move_cost(ctx.views[cid], layout.placement[cid], cpus, ctx.idx, ctx.config)
-             for cid, cpus in d.cpus.items()}
+    costs = move_costs(ctx.views, layout.placement, d.cpus, ctx.idx, ctx.config)
     for cid in d.classes:
         occ = ctx.views[cid].occupancy or 0.0
         costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)

@@ -34,24 +34,40 @@ def water_fill(groups: Sequence[tuple[frozenset[int], float]],
 def _fill_one(loads: dict[int, float], cpus: frozenset[int], demand: float) -> dict[int, float]:
     if demand <= 0.0 or not cpus:
         return {}
-    get = loads.get
-    cur = [(get(c, 0.0), c) for c in cpus]
-    lo, hi = min(cur)[0], max(cur)[0]
-    if lo == hi:  # all CPUs equally loaded (often all idle): no sort needed
+    busy = cpus & loads.keys()  # loads hold only CPUs given time (> 0); the rest are idle
+    if not busy:  # all CPUs idle: no sort needed
+        level = min(1.0, demand / len(cpus))
+        return dict.fromkeys(cpus, level) if level > 0.0 else {}
+    cur = sorted([(loads[c], c) for c in busy])
+    idle = len(cpus) - len(cur)
+    if not idle and cur[0][0] == cur[-1][0]:  # all CPUs equally loaded
+        lo = cur[0][0]
         level = min(1.0, lo + demand / len(cpus))
         return dict.fromkeys(cpus, level - lo) if level > lo else {}
-    cur.sort()
-    level = _level(cur, demand)
-    return {c: level - load for load, c in cur if load < level}
+    level = _level(cur, demand, idle)
+    out = dict.fromkeys(sorted(cpus - busy), level) if idle else {}
+    for load, c in cur:
+        if load >= level:
+            break
+        out[c] = level - load
+    return out
 
 
-def _level(cur: list[tuple[float, int]], demand: float) -> float:
-    """The water level: filling every CPU below it up to it uses `demand` (capped at 1)."""
+def _level(cur: list[tuple[float, int]], demand: float, idle: int) -> float:
+    """The water level: filling every CPU below it up to it uses `demand` (capped at 1).
+
+    `cur`: the busy CPUs' (load, cpu), sorted; `idle` CPUs with no load come before them (no
+    level below the first busy load can stop among them: it would need demand <= 0)."""
     prefix = 0.0
-    for k, (load, _) in enumerate(cur, start=1):
+    if idle:
+        level = demand / idle
+        if level <= (cur[0][0] if cur else 1.0):
+            return min(level, 1.0)
+    for k, (load, _) in enumerate(cur, start=idle + 1):
         prefix += load
         level = (demand + prefix) / k
-        nxt = cur[k][0] if k < len(cur) else 1.0
-        if level <= nxt or k == len(cur):
+        i = k - idle
+        nxt = cur[i][0] if i < len(cur) else 1.0
+        if level <= nxt or i == len(cur):
             return min(level, 1.0)
     return 1.0
