@@ -1,5 +1,5 @@
 # The two commands of the README. Both do all set-up idempotently (see scripts/setup.sh).
-.PHONY: run test setup-run setup-test lint bench clean
+.PHONY: run test setup-run setup-test lint bench release clean
 
 PY := .venv/bin/python
 ARGS ?=
@@ -22,5 +22,9 @@ bench: setup-test
 	.venv/bin/perfbalance bench collect --json
 	.venv/bin/perfbalance bench plan --json
 
+# sdist, wheel, image (OCI archive), checksums in dist/; the wheel checked in a clean venv
+release: setup-test
+	scripts/release.sh
+
 clean:
-	rm -rf .venv build *.egg-info
+	rm -rf .venv build dist *.egg-info
