@@ -37,6 +37,9 @@ class Ctr:
     pid: int = 0
     cpus: str = ""
     mems: str = ""
+    cpu_shares: int = 0  # what the kubelet derived from the CPU request (1024 per CPU)
+    cpu_quota: int = 0  # CFS quota and period from the CPU limit (0: none)
+    cpu_period: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +67,8 @@ def ctr_from_pb(c: Any) -> Ctr:
     cpu = c.linux.resources.cpu
     return Ctr(id=c.id, pod_id=c.pod_sandbox_id, name=c.name, state=STATES.get(c.state, "unknown"),
                labels=MappingProxyType(dict(c.labels)), annotations=MappingProxyType(dict(c.annotations)),
-               cgroups_path=c.linux.cgroups_path, pid=c.pid, cpus=cpu.cpus, mems=cpu.mems)
+               cgroups_path=c.linux.cgroups_path, pid=c.pid, cpus=cpu.cpus, mems=cpu.mems,
+               cpu_shares=cpu.shares.value, cpu_quota=max(0, cpu.quota.value), cpu_period=cpu.period.value)
 
 
 def fill_resources(res: Any, placement: Placement) -> None:

@@ -41,7 +41,7 @@ class Policy(Protocol):
 
     def on_create(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None: ...
 
-    def on_update(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None: ...
+    def on_update(self, pod: Pod, ctr: Ctr, ours: Placement) -> Placement | None: ...
 
 
 class Plugin:
@@ -52,6 +52,7 @@ class Plugin:
         self._policy = policy
         self._lock = threading.Lock()
         self._view = View()
+        self._ours: dict[str, Placement] = {}  # what we set (at creation or by a move), per container
         self.configured = threading.Event()
         self.synchronized = threading.Event()
         self.runtime = ""
@@ -95,15 +96,18 @@ class Plugin:
         resp = self._pb.CreateContainerResponse()
         if placement is not None:
             fill_resources(resp.adjust.linux.resources, placement)
-            self._set(replace(ctr, cpus=placement.cpus or ctr.cpus, mems=placement.mems or ctr.mems))
+            self.record_update(ctr.id, placement)
         return resp
 
     def _UpdateContainer(self, payload: bytes) -> Any:
         req = self._pb.UpdateContainerRequest.FromString(payload)
         pod, ctr = self._remember(req.pod, req.container)
-        keep = self._policy.on_update(pod, ctr, self._view)
+        ours = self._ours.get(ctr.id)
+        keep = None if ours is None else self._policy.on_update(pod, ctr, ours)
         resp = self._pb.UpdateContainerResponse()
         if keep is not None:
+            # the kubelet's new values and ours are merged by the runtime; ours win for the
+            # fields we set (containerd/nri pkg/adaptation result.go)
             resp.update.append(self.container_update(ctr.id, keep))
         return resp
 
@@ -120,6 +124,7 @@ class Plugin:
                 pods.pop(evt.pod.id, None)
             elif evt.event == REMOVE_CONTAINER:
                 ctrs.pop(evt.container.id, None)
+                self._ours.pop(evt.container.id, None)
             else:
                 if evt.pod.id:
                     pods[evt.pod.id] = pod_from_pb(evt.pod)
@@ -140,7 +145,10 @@ class Plugin:
             self._view = replace(self._view, containers={**self._view.containers, ctr.id: ctr})
 
     def record_update(self, cid: str, placement: Placement) -> None:
-        """After the runtime applied an UpdateContainers: keep the view what the cgroup now is."""
+        """After the runtime applied a placement: keep the view what the cgroup now is."""
+        self._ours[cid] = Placement(cpus=placement.cpus or self._ours.get(cid, placement).cpus,
+                                    mems=placement.mems or self._ours.get(cid, placement).mems,
+                                    rdt_class=placement.rdt_class or self._ours.get(cid, placement).rdt_class)
         ctr = self._view.containers.get(cid)
         if ctr is not None:
             self._set(replace(ctr, cpus=placement.cpus or ctr.cpus, mems=placement.mems or ctr.mems))

@@ -21,6 +21,7 @@ class TablePolicy:
     def __init__(self, cpus: Mapping[str, str]) -> None:
         self.cpus = dict(cpus)
         self.synchronized: list[View] = []
+        self.keep = False
 
     def on_synchronize(self, view: View) -> Mapping[str, Placement]:
         self.synchronized.append(view)
@@ -29,8 +30,8 @@ class TablePolicy:
     def on_create(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None:
         return Placement(cpus=self.cpus[ctr.name]) if ctr.name in self.cpus else None
 
-    def on_update(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None:
-        return None
+    def on_update(self, pod: Pod, ctr: Ctr, ours: Placement) -> Placement | None:
+        return ours if self.keep else None
 
 
 def allowed(pid: int) -> str:
@@ -101,6 +102,18 @@ def test_kubelet_update_of_another_container_does_not_undo_a_move(plugin, kubele
     kubelet.update_cpuset(other, "0")  # what the CPU manager's reconcile sends, for another container
     assert allowed(other_pid) == "0"  # control: the kubelet's update did apply
     assert allowed(moved_pid) == "1"
+
+
+def test_kubelet_update_of_a_moved_container_keeps_the_move(plugin, kubelet) -> None:  # type: ignore[no-untyped-def]
+    client, policy = plugin
+    _, moved, moved_pid = kubelet.run("kept", "app")
+    _, free, free_pid = kubelet.run("notours", "app")
+    assert client.update({moved: Placement(cpus="1")}) == {}
+    policy.keep = True
+    kubelet.update_cpuset(moved, "0-1")  # the CPU manager resetting a shared container
+    kubelet.update_cpuset(free, "0")  # control: a container we never placed follows the kubelet
+    assert allowed(moved_pid) == "1"
+    assert allowed(free_pid) == "0"
 
 
 def test_update_of_unknown_container_is_reported_failed(plugin, kubelet) -> None:  # type: ignore[no-untyped-def]
