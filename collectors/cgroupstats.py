@@ -57,6 +57,8 @@ def metrics(cur: Reading, prev: Reading | None, window: float) -> dict[str, floa
         return out
     if cur.usage_usec is not None and prev.usage_usec is not None and cur.usage_usec >= prev.usage_usec:
         out["cpu_usage_cores"] = (cur.usage_usec - prev.usage_usec) / 1e6 / window
+    if cur.throttled_usec >= prev.throttled_usec:
+        out["cpu_throttled_seconds_per_second"] = (cur.throttled_usec - prev.throttled_usec) / 1e6 / window
     periods = cur.nr_periods - prev.nr_periods
     throttled = cur.nr_throttled - prev.nr_throttled
     if periods > 0 and throttled >= 0:

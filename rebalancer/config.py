@@ -73,6 +73,16 @@ class RebalancerConfig:
     # evaluation after a move
     settle_seconds: float = setting(30.0, "Time after a move before the victims' measured gain is compared with the prediction.", min=0.0)
     rollback_fraction: float = setting(0.25, "A move is rolled back when the realized gain is below this fraction of the predicted gain.", min=0.0, max=1.0)
+    # victim health and latency targets (rebalancer/health.py, rebalancer/latency.py)
+    latency_targets: Mapping[str, float] = setting(factory=dict, doc="Latency-sensitive containers: selector (a glob on namespace/pod/container, or a container id) -> run-queue p99 target in seconds. The pod annotation perfbalance.io/runqueue-p99-target (e.g. 2ms) wins over these.")
+    latency_breach_cost: float = setting(0.05, "Cost, core-seconds per second, of a latency-sensitive container's predicted run-queue p99 at twice its target (linear in p99/target - 1).", min=0.0)
+    latency_breach_cap: float = setting(10.0, "Cap on p99/target - 1 in the breach cost.", min=0.0)
+    latency_base_load: float = setting(0.05, "Co-runner load (CPUs per CPU) standing for what the planner cannot see (kernel threads, interrupts): the floor of the run-queue wait model.", min=0.001, max=10.0)
+    victim_health_threshold: float = setting(0.5, "A container whose measured health score (CPU time got / wanted) is below this is a victim the planner relieves, target or not (0: only latency-sensitive containers).", min=0.0, max=1.0)
+    health_min_waits: int = setting(20, "Run-queue waits a window needs before its p99 is used.", min=1)
+    health_windows: int = setting(8, "Windows of each container's measured wait kept to estimate its window-to-window noise.", min=3, max=100)
+    health_noise_sigmas: float = setting(2.0, "Half-width of the noise band around a predicted health change, in standard deviations of the window-to-window variation.", min=0.0)
+    health_noise_floor: float = setting(0.002, "Smallest window-to-window noise assumed for a victim's wait, seconds per second.", min=0.0)
 
     def license_loss(self, cpu_model: str) -> float:
         """Frequency loss for `cpu_model`: the longest table key it contains, else the default."""

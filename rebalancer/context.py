@@ -11,7 +11,9 @@ from perfbalance.model import Snapshot
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import shareable
 from rebalancer.costmodel import CostModel, Evaluation, Layout
+from rebalancer.health import Health, measure, target_of
 from rebalancer.inputs import View, view
+from rebalancer.latency import Victim, co_load, is_victim, loss
 from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
 from rebalancer.vm import Sandbox, sandboxes
@@ -35,6 +37,9 @@ class Context:
     sandboxes: tuple[Sandbox, ...] = ()  # VM-sandboxed pods (Kata, KubeVirt)
     sandbox_of: Mapping[str, Sandbox] = field(default_factory=dict)  # container -> its sandbox
     heavy: tuple[str, ...] = ()  # AVX-512-heavy containers, sorted
+    health: Mapping[str, Health] = field(default_factory=dict)  # measured (smoothed inputs)
+    victims: Mapping[str, Victim] = field(default_factory=dict)  # rebalancer/latency.py
+    problems: tuple[str, ...] = ()  # bad latency annotations, one line each
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -52,10 +57,25 @@ class Context:
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
-        return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable, sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
+        health, victims, problems = _victims(snapshot, config, smoothed, base, views)
+        return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable,
+                   sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
+                   health=health, victims=victims, problems=problems,
                    config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
+
+    @property
+    def usage(self) -> Mapping[str, float]:
+        return {cid: v.usage for cid, v in self.views.items()}
+
+    def latency_loss(self, layout: Layout) -> float:
+        """L_lat of `layout` (rebalancer/latency.py); 0 without victims."""
+        if not self.victims:
+            return 0.0
+        c = self.config
+        return loss(self.victims, layout, self.usage, base=c.latency_base_load,
+                    cost=c.latency_breach_cost, cap=c.latency_breach_cap)
 
     def need_cpus(self, ids: list[str]) -> int:
         """Whole CPUs for containers: their requests, or their usage plus headroom if larger.
@@ -90,6 +110,27 @@ def _placement(views: Mapping[str, View], idx: TopoIndex) -> dict[str, frozenset
             cpus = canon[v.cpuset] = idx.intern((v.cpuset & idx.online) or idx.online)
         out[cid] = cpus
     return out
+
+
+def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str, Mapping[str, float]],
+             base: Layout, views: Mapping[str, View],
+             ) -> tuple[dict[str, Health], dict[str, Victim], tuple[str, ...]]:
+    """Measured health of every container, the victims among them, bad annotations."""
+    health: dict[str, Health] = {}
+    victims: dict[str, Victim] = {}
+    problems: list[str] = []
+    usage = {cid: v.usage for cid, v in views.items()}
+    for s in snapshot.containers:
+        target, problem = target_of(s.container, config.latency_targets)
+        if problem:
+            problems.append(problem)
+        h = measure(smoothed.get(s.id, {}), min_waits=config.health_min_waits)
+        if h is None:
+            continue
+        health[s.id] = h
+        if is_victim(h, target, config.victim_health_threshold):
+            victims[s.id] = Victim(id=s.id, health=h, target=target, load0=co_load(base, usage, s.id))
+    return health, victims, tuple(problems)
 
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:

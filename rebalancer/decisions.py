@@ -12,6 +12,8 @@ its cores clean), so the greedy loop in planner.py never needs half-finished int
 * llc_separate: a cache aggressor or a cache-sensitive victim moves to another L3 domain.
 * llc_rdt: a cache aggressor moves to the configured restricted RDT class.
 * bandwidth: a bandwidth-heavy container moves to a NUMA node with bandwidth to spare.
+* latency_isolate: a measured victim (rebalancer/latency.py: latency-sensitive, or getting too
+  little of the CPU time it wants) moves to the CPUs where its co-runners put the least load.
 
 VM sandboxes (docs/vm-sandboxes.md, "The planner"): every candidate that moves a container of a
 VM pod moves all the pod's movable containers to the same CPUs (they share the VM's floating
@@ -52,6 +54,7 @@ def candidates(ctx: Context, layout: Layout) -> list[Decision]:
         out += _llc(ctx, layout, island)
     if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
         out += _bandwidth(ctx, layout, island)
+    out += _latency(ctx, layout, island)
     return [_whole_pods(ctx, d) for d in out] if ctx.sandboxes else out
 
 
@@ -259,6 +262,26 @@ def _bandwidth(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Dec
     for cid in _top(ctx, hogs, "bandwidth"):
         out += _relocations(ctx, layout, cid, ctx.idx.nodes, island, "bandwidth",
                             f"memory bandwidth: {cid} to NUMA node", False)
+    return out
+
+
+def _latency(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
+    """Each victim, worst health first, to the least co-loaded CPUs it fits on (away from the
+    AVX-512 island and, when there is room, from CPUs other containers are pinned to)."""
+    out: list[Decision] = []
+    worst = sorted(ctx.victims.values(), key=lambda v: (v.health.score, v.id))[:MAX_PER_KIND]
+    for v in worst:
+        here = layout.placement[v.id]
+        usable = ctx.free - island
+        need = ctx.need_cpus([v.id])
+        claimed = _claimed(layout, v.id, usable)
+        got = allocate(ctx.idx, usable - claimed, need) or allocate(ctx.idx, usable - here, need)
+        if got is not None and got != here:
+            why = (f"target p99 {v.target * 1e3:g} ms" if v.target is not None else
+                   f"health {v.health.score:.2f}")
+            out.append(Decision(kind="latency_isolate", primary=v.id, cpus={v.id: got},
+                                allocated=frozenset({v.id}),
+                                reason=f"latency: victim {v.id} ({why}) to {_fmt(got)}"))
     return out
 
 

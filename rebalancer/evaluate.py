@@ -11,11 +11,20 @@ Realized gain, in core-seconds per second, per victim:
   recomputed from the fresh measurements and the placement actually in force. This proxy checks
   that the move took effect and that the conditions it was made for still hold (the aggressor
   still runs, the victim still runs where predicted); it cannot see a model error.
+
+Measured health (rebalancer/health.py) judges first wherever the victims have it: the drop of
+their measured run-queue wait (s/s, smoothed) against the drop predicted at decision time, with
+a noise band from each victim's window-to-window variation before the move. A move whose
+measured effect falls short of `rollback_fraction` of the prediction by more than the noise band
+contradicts it and is rolled back, whatever the model says of itself; with a PMU, the
+instructions-per-second check must also pass. A predicted change inside the noise band cannot
+be measured, and the older checks decide alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
@@ -39,13 +48,15 @@ def judge_pending(ctx: Context, considered: list[dict[str, Any]],
         if problem:
             considered.append({"kind": "evaluation", "decision": p.decision, "rejected": problem})
             continue
-        realized, how = realized_gain(ctx, p)
-        note = {"kind": "evaluation", "decision": p.decision, "predicted": round(p.predicted, 6),
-                "realized": round(realized, 6), "method": how}
-        if realized >= ctx.config.rollback_fraction * p.predicted:
+        verdict = judge(ctx, p)
+        note = {"kind": "evaluation", "decision": p.decision, "predicted": round(verdict.predicted, 6),
+                "realized": round(verdict.realized, 6), "method": verdict.method}
+        if verdict.band is not None:
+            note["band"] = round(verdict.band, 6)
+        if verdict.ok:
             considered.append({**note, "rejected": "kept: the move helped"})
             continue
-        undo = _rollback(ctx, p, realized)
+        undo = _rollback(ctx, p, verdict)
         if undo is None:
             considered.append({**note, "rejected": "rollback blocked by a constraint"})
             continue
@@ -68,6 +79,51 @@ def _not_in_force(ctx: Context, p: Pending) -> str:
     return ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    ok: bool
+    predicted: float  # gain, s/s (health) or core-s/s
+    realized: float
+    method: str  # "health", "health+pmu", "pmu" or "model"
+    band: float | None = None  # noise band of the health measurement
+    why: str = ""  # what the measurement shows beside the numbers (own throttling)
+
+
+def judge(ctx: Context, p: Pending) -> Verdict:
+    """Measured health where the victims have it and the predicted change is measurable; the
+    PMU or model check otherwise (and the PMU check as well when it exists)."""
+    realized, how = realized_gain(ctx, p)
+    model_ok = realized >= ctx.config.rollback_fraction * p.predicted
+    health = health_gain(ctx, p)
+    if health is None:
+        return Verdict(ok=model_ok, predicted=p.predicted, realized=realized, method=how)
+    predicted, measured = health
+    frac = ctx.config.rollback_fraction
+    ok = measured >= frac * predicted or predicted - measured <= p.health_band
+    return Verdict(ok=ok and (model_ok or how != "pmu"), predicted=predicted, realized=measured,
+                   method="health+pmu" if how == "pmu" else "health", band=p.health_band,
+                   why=_throttled(ctx, p))
+
+
+def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
+    """(predicted, measured) drop of the victims' run-queue wait, s/s; None when a victim lost
+    its measurement or the predicted drop is inside the noise band (not measurable)."""
+    if not p.health_before or not all(v in ctx.health for v in p.health_before):
+        return None
+    predicted = sum(b - p.health_predicted.get(v, b) for v, b in p.health_before.items())
+    if predicted <= p.health_band:
+        return None
+    measured = sum(b - ctx.health[v].wait for v, b in p.health_before.items())
+    return predicted, measured
+
+
+def _throttled(ctx: Context, p: Pending) -> str:
+    """Victims held back by their own CFS quota (a wait no placement can cure)."""
+    out = [f"{v} throttled {ctx.health[v].throttled:.0%} of the time by its own CPU quota"
+           for v in sorted(p.health_before) if v in ctx.health and ctx.health[v].throttled >= 0.05]
+    return "; ".join(out)
+
+
 def realized_gain(ctx: Context, p: Pending) -> tuple[float, str]:
     """(core-seconds per second the victims gained, "pmu" or "model")."""
     views = ctx.views
@@ -84,12 +140,15 @@ def realized_gain(ctx: Context, p: Pending) -> tuple[float, str]:
     return gain, "model"
 
 
-def _rollback(ctx: Context, p: Pending, realized: float) -> list[Action] | None:
+def _rollback(ctx: Context, p: Pending, v: Verdict) -> list[Action] | None:
     by_id = ctx.snapshot.by_id()
     placement: dict[str, frozenset[int]] = dict(ctx.base.placement)
     out: list[Action] = []
-    reason = (f"rollback of {p.decision} ({p.reason}): victims gained {realized:.4f} core-s/s, "
-              f"predicted {p.predicted:.4f}")
+    measured = (f"measured run-queue wait of the victims dropped {v.realized:.4f} s/s, predicted "
+                f"{v.predicted:.4f} (noise band {v.band:.4f})" if v.band is not None else
+                f"victims gained {v.realized:.4f} core-s/s, predicted {v.predicted:.4f}")
+    reason = f"rollback of {p.decision} ({p.reason}): {measured}" + (f"; {v.why}" if v.why else "")
+    realized = v.realized
     for m in p.moves:
         if m.kind == "cpuset":
             c = by_id[m.container].container
@@ -101,7 +160,7 @@ def _rollback(ctx: Context, p: Pending, realized: float) -> list[Action] | None:
         out.append(Action(kind="rollback", container=m.container, frm=m.to, to=m.frm,
                           mems=m.mems_frm if m.kind == "cpuset" else "", undoes=m.kind,
                           reason=reason, victims=p.victims,
-                          detail={"predicted": p.predicted, "realized": realized}))
+                          detail={"predicted": v.predicted, "realized": realized}))
     return out if _fits(ctx, placement, out) else None
 
 

@@ -12,12 +12,13 @@ from typing import NamedTuple
 
 from perfbalance.model import ContainerSample, Snapshot
 from rebalancer.config import RebalancerConfig
+from rebalancer.health import HEALTH_METRICS
 from rebalancer.state import frozen_map
 
 USED_METRICS = (
     "cpu_usage_cores", "avx512_heavy", "avx512_active_ratio", "llc_misses_per_second",
     "llc_mpki", "llc_occupancy_bytes", "memory_bandwidth_bytes_per_second",
-    "instructions_per_second", "ipc", "memory_bytes",
+    "instructions_per_second", "ipc", "memory_bytes", *HEALTH_METRICS,
 )
 
 

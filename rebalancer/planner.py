@@ -13,6 +13,7 @@ Same input, same plan: every iteration is in sorted order and nothing reads a cl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,10 @@ from rebalancer.context import Context
 from rebalancer.costmodel import Evaluation, Layout, move_costs
 from rebalancer.decisions import Decision, candidates
 from rebalancer.evaluate import judge_pending
+from rebalancer.health import measure, noise, push
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
+from rebalancer.latency import predicted
 from rebalancer.state import Moved, Pending, PlannerState, frozen_map
 
 MAX_CONSIDERED = 64
@@ -41,6 +44,8 @@ class Scored:
     benefit: float
     costs: Mapping[str, tuple[float, float, float]]  # container -> (refill, migration, disruption)
     cost: float  # amortized, core-s/s
+    latency: float = 0.0  # L_lat of `layout` (rebalancer/latency.py)
+    saved_latency: float = 0.0  # the part of `benefit` from L_lat
 
     @property
     def net(self) -> float:
@@ -53,7 +58,7 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
     state = state or PlannerState()
     smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha)
     ctx = Context.build(snapshot, config, state, smoothed, now)
-    considered: list[dict[str, Any]] = []
+    considered: list[dict[str, Any]] = [{"kind": "input", "rejected": p} for p in ctx.problems]
     rollbacks, pending, touched = judge_pending(ctx, considered)
     actions: list[Action] = list(rollbacks)
     seq = state.seq
@@ -72,6 +77,7 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
 def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]]) -> list[Scored]:
     layout = ctx.base
     ev = ctx.base_eval
+    lat = ctx.latency_loss(layout)
     chosen: list[Scored] = []
     budget = ctx.config.max_actions_per_cycle - len(moved_now)
     while True:
@@ -85,7 +91,7 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
             if why or after is None:
                 _note(considered, d, why)
                 continue
-            s = _score(ctx, layout, after, ev, d)
+            s = _score(ctx, layout, after, ev, lat, d)
             if s.net <= ctx.config.margin:
                 _note(considered, d, f"net {s.net:.4f} below margin {ctx.config.margin}", s)
                 continue
@@ -99,7 +105,7 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
                 _note(considered, s.decision, f"cap: max_moves_per_cycle={ctx.config.max_moves_per_cycle}", s)
             return chosen
         chosen.append(best)
-        layout, ev = best.layout, best.evaluation
+        layout, ev, lat = best.layout, best.evaluation, best.latency
         moved_now |= set(best.decision.cpus) | set(best.decision.classes)
         budget -= len(best.decision.cpus) + len(best.decision.classes)
 
@@ -161,21 +167,26 @@ def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     return ""
 
 
-def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, d: Decision) -> Scored:
+def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, lat: float, d: Decision) -> Scored:
     ev2 = ctx.model.evaluate(after)
-    benefit = ev.total - ev2.total
+    lat2 = ctx.latency_loss(after)
+    benefit = ev.total - ev2.total + lat - lat2
     if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up
-        return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0)
+        return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0,
+                      latency=lat2, saved_latency=lat - lat2)
     costs = move_costs(ctx.views, layout.placement, d.cpus, ctx.idx, ctx.config)
     for cid in d.classes:
         occ = ctx.views[cid].occupancy or 0.0
         costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)
     one_time = sum(sum(c) for c in costs.values())
-    return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs=costs, cost=one_time / ctx.config.amortize_seconds)
+    return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs=costs,
+                  cost=one_time / ctx.config.amortize_seconds, latency=lat2, saved_latency=lat - lat2)
 
 
 def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float]]:
-    """Containers predicted to gain, with their modelled loss before and after (core-s/s)."""
+    """Containers predicted to gain, with their modelled loss before and after (core-s/s):
+    by the cost model, or by the run-queue wait model for measured victims (their measured
+    wait is judged after the move, see evaluate.py)."""
     ev0 = ctx.base_eval
     before, after = {}, {}
     for cid in sorted(ctx.views):
@@ -183,7 +194,19 @@ def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float
         a = ctx.model.container_loss(s.evaluation, s.layout, cid)
         if b - a > 1e-6:
             before[cid], after[cid] = b, a
+    for cid, (b, a) in _health_predictions(ctx, s).items():
+        before[cid], after[cid] = before.get(cid, 0.0) + b, after.get(cid, 0.0) + a
     return before, after
+
+
+def _health_predictions(ctx: Context, s: Scored) -> dict[str, tuple[float, float]]:
+    """Victim -> (measured wait now, predicted wait after the decision), s/s, where it drops."""
+    out = {}
+    for cid, v in sorted(ctx.victims.items()):
+        wait, _ = predicted(v, s.layout, ctx.usage, ctx.config.latency_base_load)
+        if v.health.wait - wait > 1e-6:
+            out[cid] = (v.health.wait, wait)
+    return out
 
 
 def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> list[Action]:
@@ -192,6 +215,8 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     detail_common = {"decision": float(seq), "decision_benefit": s.benefit,
                      "decision_cost": s.cost, "decision_net": s.net,
                      **{f"saved_{k}": parts[k] - s.evaluation.parts[k] for k in sorted(parts)}}
+    if ctx.victims:
+        detail_common["saved_latency"] = s.saved_latency
     out: list[Action] = []
     for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
         out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims))
@@ -235,11 +260,18 @@ def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
     moves += [Moved(container=cid, frm=ctx.base.classes[cid], to=cls, kind="rdt_class")
               for cid, cls in sorted(d.classes.items())]
     ips = {v: ctx.views[v].ips_per_core for v in before}
+    waits = _health_predictions(ctx, s)
+    cfg = ctx.config
+    sigma = math.sqrt(sum(noise(ctx.state.health_history.get(v, ()), floor=cfg.health_noise_floor) ** 2
+                          for v in waits))
     return Pending(decision=f"d{seq}", time=ctx.now, reason=d.reason, moves=tuple(moves),
                    victims=tuple(sorted(before)),
                    predicted=sum(before[v] - after[v] for v in before),
                    baseline_ips=frozen_map({v: x for v, x in ips.items() if x is not None}),
-                   baseline_loss=frozen_map(before))
+                   baseline_loss=frozen_map(before),
+                   health_before=frozen_map({v: b for v, (b, _) in waits.items()}),
+                   health_predicted=frozen_map({v: a for v, (_, a) in waits.items()}),
+                   health_band=cfg.health_noise_sigmas * sigma)
 
 
 def _next_state(ctx: Context, smoothed: Mapping[str, Mapping[str, float]], seq: int,
@@ -251,7 +283,19 @@ def _next_state(ctx: Context, smoothed: Mapping[str, Mapping[str, float]], seq: 
     cooldown = {c: t for c, t in ctx.state.cooldown_until.items() if c in present and t > now}
     cooldown.update(touched)
     return PlannerState(time=now, seq=seq, smoothed=smoothed, moved_at=frozen_map(moved_at),
-                        cooldown_until=frozen_map(cooldown), pending=tuple(pending))
+                        cooldown_until=frozen_map(cooldown), pending=tuple(pending),
+                        health_history=_health_history(ctx))
+
+
+def _health_history(ctx: Context) -> Mapping[str, tuple[float, ...]]:
+    """Each container's raw (unsmoothed) measured wait of the last `health_windows` windows:
+    the window-to-window variation that sets the noise band of an evaluation."""
+    old, keep, out = ctx.state.health_history, ctx.config.health_windows, {}
+    for s in ctx.snapshot.containers:
+        h = measure(s.metrics, min_waits=ctx.config.health_min_waits)
+        if h is not None:
+            out[s.id] = push(old.get(s.id, ()), h.wait, keep)
+    return frozen_map(out)
 
 
 def _note(considered: list[dict[str, Any]], d: Decision, why: str, s: Scored | None = None) -> None:

@@ -45,6 +45,10 @@ class Pending:
     baseline_ips: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     # victim -> modelled loss (core-s/s) before the move, from the measurements at that time
     baseline_loss: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    # measured victims (rebalancer/latency.py) -> run-queue wait before, and predicted after, s/s
+    health_before: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    health_predicted: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+    health_band: float = 0.0  # noise band of the victims' summed wait, s/s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,3 +59,5 @@ class PlannerState:
     moved_at: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     cooldown_until: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     pending: tuple[Pending, ...] = ()
+    # container -> its measured run-queue wait (s/s) in the last windows, oldest first
+    health_history: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: EMPTY)
