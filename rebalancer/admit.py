@@ -8,15 +8,16 @@ the planner refines it once samples exist. Two annotations are hints before data
 
 * `perfbalance.io/avx512: "true"` - expected heavy 512-bit use: whole cores (Intel's license
   levels lower the frequency per core), preferring cores no latency-sensitive container uses;
-* `perfbalance.io/latency-sensitive: "true"` - kept off the cpusets of AVX-512-annotated
-  containers while the pool allows.
+* `perfbalance.io/latency-sensitive: "true"`, or a run-queue latency target
+  (`perfbalance.io/runqueue-p99-target`, rebalancer.health) - kept off the cpusets of
+  AVX-512-annotated containers while the pool allows.
 
 Pure: a function of the snapshot, the new container and the cpusets of running containers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from perfbalance import mcpu
@@ -24,6 +25,7 @@ from perfbalance.cpuset import CpuSet
 from perfbalance.model import Snapshot
 from rebalancer.allocator import allocate
 from rebalancer.constraints import shareable
+from rebalancer.health import TARGET_ANNOTATION
 from rebalancer.topoindex import TopoIndex
 
 AVX_ANNOTATION = "perfbalance.io/avx512"
@@ -56,10 +58,18 @@ def _flag(annotations: Mapping[str, str], key: str) -> bool:
     return annotations.get(key, "").strip().lower() in ("true", "1", "yes")
 
 
-def _cpus_of(running: Mapping[str, Running], key: str) -> frozenset[int]:
+def _latency(annotations: Mapping[str, str]) -> bool:
+    return _flag(annotations, LATENCY_ANNOTATION) or bool(annotations.get(TARGET_ANNOTATION, "").strip())
+
+
+def _avx(annotations: Mapping[str, str]) -> bool:
+    return _flag(annotations, AVX_ANNOTATION)
+
+
+def _cpus_of(running: Mapping[str, Running], which: Callable[[Mapping[str, str]], bool]) -> frozenset[int]:
     out: set[int] = set()
     for r in running.values():
-        if _flag(r.annotations, key):
+        if which(r.annotations):
             out |= r.cpus.ids
     return frozenset(out)
 
@@ -72,15 +82,15 @@ def admit(snapshot: Snapshot, new: NewContainer, running: Mapping[str, Running])
         return Admission(cpus=None, mems=None, reason="no shareable CPU left")
     idx = TopoIndex.build(snapshot.topology)
     cpus, reason = pool, "shared pool"
-    if _flag(new.annotations, AVX_ANNOTATION):
+    if _avx(new.annotations):
         count = max(1, mcpu.to_cpus(new.request_mcpu))
-        away = pool - _cpus_of(running, LATENCY_ANNOTATION)
+        away = pool - _cpus_of(running, _latency)
         got = allocate(idx, away, count, whole_cores=True) or allocate(idx, pool, count, whole_cores=True)
         if got:
             cpus = got
             reason = "AVX-512 annotation: whole cores" + (" away from latency-sensitive work" if got <= away else "")
-    elif _flag(new.annotations, LATENCY_ANNOTATION):
-        away = pool - _cpus_of(running, AVX_ANNOTATION)
+    elif _latency(new.annotations):
+        away = pool - _cpus_of(running, _avx)
         if away:
             cpus, reason = away, "latency-sensitive annotation: off AVX-512 cores"
     return Admission(cpus=CpuSet(cpus), mems=CpuSet(idx.nodes_of(cpus)), reason=reason)

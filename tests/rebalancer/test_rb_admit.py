@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfbalance.cpuset import CpuSet
 from rb_builders import sample, snap, topo
 from rebalancer.admit import AVX_ANNOTATION, LATENCY_ANNOTATION, NewContainer, Running, admit
+from rebalancer.health import TARGET_ANNOTATION
 from rebalancer.topoindex import TopoIndex
 
 T = topo(cores=4, threads=2)  # CPUs 0-7, one NUMA node
@@ -42,6 +43,12 @@ def test_latency_annotated_container_avoids_avx_cpus() -> None:
     running = {"avx": Running(cpus=CpuSet.parse("4-7"), annotations={AVX_ANNOTATION: "true"}),
                "other": Running(cpus=CpuSet.parse("0-1"))}
     a = admit(snap(T), NewContainer(pod_uid="q", name="web", annotations={LATENCY_ANNOTATION: "true"}), running)
+    assert a.cpus == CpuSet.parse("0-3")
+
+
+def test_a_run_queue_target_marks_latency_sensitive_work_too() -> None:
+    running = {"avx": Running(cpus=CpuSet.parse("4-7"), annotations={AVX_ANNOTATION: "true"})}
+    a = admit(snap(T), NewContainer(pod_uid="q", name="web", annotations={TARGET_ANNOTATION: "2ms"}), running)
     assert a.cpus == CpuSet.parse("0-3")
 
 
