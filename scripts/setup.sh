@@ -10,6 +10,8 @@ RUN_PKGS=(python3 python3-venv python3-bpfcc linux-headers-amd64 bpfcc-tools)
 TEST_PKGS=(mosquitto prometheus stress-ng chromium fuse3 libfuse3-3 procps util-linux)
 # tests/node: a real container runtime (started privately by the tests, never as a service)
 TEST_PKGS+=(containerd runc busybox-static)
+# tests/node: a real VMM (QEMU/KVM) in Kata- and KubeVirt-shaped pod cgroups
+TEST_PKGS+=(qemu-system-x86)
 
 pkgs=("${RUN_PKGS[@]}")
 [ "$MODE" = test ] && pkgs+=("${TEST_PKGS[@]}")

@@ -85,6 +85,14 @@ class LiveAgent:
         self.reports.append(report)
         return report
 
+    def next_after(self, t: float, timeout: float = 120.0) -> dict[str, Any]:
+        """The first cycle that started after unix time `t` (a cycle stamps `time` before it reads
+        anything), so a change made at `t` must show in it: "within one cycle"."""
+        while True:
+            report = self.next(timeout)
+            if report["time"] >= t:
+                return report
+
     def stderr(self) -> str:
         self._err.flush()
         return self.log.read_text(errors="replace")[-4000:]

@@ -123,7 +123,7 @@ def test_exited_and_oom_killed_containers_are_released_within_one_cycle(containe
     cg = {c: _v2_id(top, c) for c in (exits, oom, stays)}
     rel = {c: _rel_in_top(top, c) for c in (exits, oom)}
     cfg = agent_config(bpf=True)
-    agent = LiveAgent(cfg, cycles=6)
+    agent = LiveAgent(cfg, cycles=8)
     port = int(_listen(cfg).rsplit(":", 1)[1])
     try:
         agent.next()
@@ -137,7 +137,7 @@ def test_exited_and_oom_killed_containers_are_released_within_one_cycle(containe
         for c in (exits, oom):
             _wait_status(containerd, c, "STOPPED")
         codes = {c: _exit_status(containerd, c) for c in (exits, oom)}  # deletes the task
-        after = agent.next()
+        after = agent.next_after(time.time())
         seen = containers(after, top)
         assert exits not in seen and oom not in seen and stays in seen
         assert not [e for e in after["errors"] if exits in e or oom in e]
@@ -161,13 +161,13 @@ def test_runtime_restart_loses_nothing(containerd, started, agent_config, top):
     containerd.run(b, pod("guaranteed"), IDLE, cpu_shares=512, cpu_quota=50000)
     started += [a, b]
     pids = {c: containerd.pids(c) for c in (a, b)}
-    agent = LiveAgent(agent_config(), cycles=3, dry_run=True)
+    agent = LiveAgent(agent_config(), cycles=6, dry_run=True)
     try:
         before = containers(agent.next(), top)
         containerd.kill()
-        during = containers(agent.next(), top)
+        during = containers(agent.next_after(time.time()), top)
         containerd.start()
-        after = containers(agent.next(), top)
+        after = containers(agent.next_after(time.time()), top)
     finally:
         agent.close()
     assert set(before) == set(during) == set(after) == {a, b}
