@@ -1,0 +1,137 @@
+"""Per-container block-I/O rates (bytes and operations per second) from the cgroup I/O stats.
+
+What a block-I/O class does to a container is only visible in these numbers, so they are
+collected for every container whether it is in a class or not. cgroup v1 counts in
+`blkio.throttle.io_service_bytes_recursive` and `blkio.throttle.io_serviced_recursive`
+("MAJ:MIN Read|Write|Sync|Async|Discard|Total N" lines, maintained for every cgroup since the
+blk-cgroup rstat rework, throttled or not); cgroup v2 in `io.stat` ("MAJ:MIN rbytes=N wbytes=N
+rios=N wios=N dbytes=N dios=N"). Both are cumulative: rates are deltas over the window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
+from perfbalance.model import CollectorStatus, Container
+
+log = logging.getLogger("perfbalance.collectors.iostat")
+
+METRICS = ("io_read_bytes_per_second", "io_write_bytes_per_second",
+           "io_read_ops_per_second", "io_write_ops_per_second")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IoTotals:
+    read_bytes: int = 0
+    write_bytes: int = 0
+    read_ops: int = 0
+    write_ops: int = 0
+
+
+def _num(token: str, source: str) -> int:
+    try:
+        return int(token)
+    except ValueError:
+        raise ParseError("io counter", token, "not an integer", source=source) from None
+
+
+def parse_v1_rwstat(text: str, *, source: str = "") -> tuple[int, int]:
+    """(read, write) summed over devices from a blkio rwstat file."""
+    read = write = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "Read":
+            read += _num(parts[2], source)
+        elif len(parts) == 3 and parts[1] == "Write":
+            write += _num(parts[2], source)
+        elif len(parts) not in (0, 2, 3):
+            raise ParseError("blkio stat line", line, "expected 'MAJ:MIN Op N' or 'Total N'", source=source)
+    return read, write
+
+
+def parse_io_stat(text: str, *, source: str = "") -> IoTotals:
+    """Totals over devices of a v2 io.stat file."""
+    sums = {"rbytes": 0, "wbytes": 0, "rios": 0, "wios": 0}
+    for line in text.splitlines():
+        for field in line.split()[1:]:
+            key, sep, value = field.partition("=")
+            if not sep:
+                raise ParseError("io.stat field", field, "expected key=value", source=source)
+            if key in sums:
+                sums[key] += _num(value, source)
+    return IoTotals(read_bytes=sums["rbytes"], write_bytes=sums["wbytes"], read_ops=sums["rios"],
+                    write_ops=sums["wios"])
+
+
+def rates(cur: IoTotals, prev: IoTotals | None, window: float) -> dict[str, float]:
+    if prev is None or window <= 0:
+        return {}
+    pairs = zip(METRICS, (cur.read_bytes - prev.read_bytes, cur.write_bytes - prev.write_bytes,
+                          cur.read_ops - prev.read_ops, cur.write_ops - prev.write_ops))
+    return {name: max(0, delta) / window for name, delta in pairs}  # a counter reset reads as 0
+
+
+class IoStatCollector:
+    """The `iostat` collector. Implements collectors.base.Collector."""
+
+    name = "iostat"
+
+    def __init__(self, *, cgroupfs: Any, enabled: bool = True) -> None:
+        self.cgroupfs, self.enabled = cgroupfs, enabled
+        self._v1 = False
+        self._prev: dict[str, IoTotals] = {}
+        self._last: float | None = None
+        self._status = CollectorStatus(up=False, reason="not started")
+        self._warned: set[str] = set()
+
+    def start(self) -> CollectorStatus:
+        fs = self.cgroupfs
+        if not self.enabled:
+            self._status = CollectorStatus(up=False, reason="disabled in config")
+        elif fs.has("blkio") and fs.version("blkio") == 1:
+            self._v1, self._status = True, CollectorStatus(up=True, detail={"source": "blkio.throttle.*_recursive"})
+        elif fs.has("io") and fs.version("io") == 2:
+            self._status = CollectorStatus(up=True, detail={"source": "io.stat"})
+        else:
+            self._status = CollectorStatus(up=False, reason=f"no blkio (v1) or io (v2) controller under {fs.root}")
+        return self._status
+
+    def status(self) -> CollectorStatus:
+        return self._status
+
+    def close(self) -> None:
+        self._prev = {}
+
+    def read(self, rel: str) -> IoTotals:
+        fs = self.cgroupfs
+        if self._v1:
+            rb, wb = parse_v1_rwstat(fs.read(rel, "blkio", "blkio.throttle.io_service_bytes_recursive"), source=rel)
+            ro, wo = parse_v1_rwstat(fs.read(rel, "blkio", "blkio.throttle.io_serviced_recursive"), source=rel)
+            return IoTotals(read_bytes=rb, write_bytes=wb, read_ops=ro, write_ops=wo)
+        return parse_io_stat(fs.read(rel, "io", "io.stat"), source=rel)
+
+    def collect(self, containers: Sequence[Container], now: float) -> dict[str, dict[str, float]]:
+        if not self._status.up:
+            return {}
+        window = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        prev, self._prev = self._prev, {}
+        out: dict[str, dict[str, float]] = {}
+        for c in containers:
+            try:
+                cur = self.read(c.cgroup)
+            except ContainerGone:
+                continue  # gone, or no cgroup in the blkio hierarchy
+            except (PerfbalanceError, OSError) as e:
+                if c.id not in self._warned:
+                    self._warned.add(c.id)
+                    log.warning("iostat: %s: %s", c.id, e)
+                continue
+            self._prev[c.id] = cur
+            out[c.id] = rates(cur, prev.get(c.id), window)
+        self._warned &= set(self._prev)
+        return out

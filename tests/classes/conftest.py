@@ -1,0 +1,96 @@
+"""Fixtures for class controllers: real cgroups under a unique prefix, a real loop device, real
+processes placed in them, all removed afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collectors.cgroupfs import Cgroupfs
+from perfbalance.errors import PerfbalanceError
+
+
+@pytest.fixture
+def cgfs() -> Cgroupfs:
+    return Cgroupfs(root="/sys/fs/cgroup")
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"pbtest-classes-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Cgroups:
+    """Cgroups made for one test (in the given controllers), removed at the end."""
+
+    def __init__(self, cgfs: Cgroupfs, prefix: str) -> None:
+        self.cgfs, self.prefix, self.made, self.procs = cgfs, prefix, [], []
+
+    def make(self, name: str, controllers: tuple[str, ...]) -> str:
+        rel = f"{self.prefix}/{name}"
+        self.cgfs.create(rel, controllers=controllers)
+        self.made.append(rel)
+        return rel
+
+    def spawn(self, rel: str, argv: list[str], controllers: tuple[str, ...] | None = None) -> subprocess.Popen:
+        """Start argv with its first instruction already inside `rel` (it waits on stdin)."""
+        p = subprocess.Popen(["sh", "-c", 'read _go; exec "$@"', "sh", *argv], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        self.cgfs.attach(rel, p.pid, controllers=controllers)
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.close()
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for rel in reversed(self.made):
+            try:
+                self.cgfs.remove(rel)
+            except PerfbalanceError:
+                pass
+        try:
+            self.cgfs.remove(self.prefix)
+        except PerfbalanceError:
+            pass
+
+
+@pytest.fixture
+def cgroups(cgfs: Cgroupfs, prefix: str) -> Iterator[Cgroups]:
+    cg = Cgroups(cgfs, prefix)
+    try:
+        yield cg
+    finally:
+        cg.close()
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[str]:
+    """A loop device on a 64 MiB file (removed afterwards)."""
+    if shutil.which("losetup") is None:
+        pytest.skip("losetup (util-linux) not installed")
+    backing = tmp_path / "classes-loop.img"
+    with open(backing, "wb") as f:
+        f.truncate(64 << 20)
+    out = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot attach a loop device: {out.stderr.strip()}")
+    dev = out.stdout.strip()
+    try:
+        yield dev
+    finally:
+        for _ in range(50):
+            if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
