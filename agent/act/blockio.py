@@ -113,6 +113,7 @@ class BlockIoController:
     """Puts containers into block-I/O classes on one node (v1 blkio or v2 io)."""
 
     name = "blockio"
+    reapply = True  # devices are resolved again every cycle
 
     def __init__(self, *, section: BlockIoSection, cgroupfs: Cgroupfs, dev_root: str = "/dev",
                  sysfs_root: str = "/sys") -> None:
@@ -210,6 +211,14 @@ class BlockIoController:
         except OSError as e:
             name = errno.errorcode.get(e.errno or 0, str(e.errno))
             raise ClassError(self.name, c, file, value, f"kernel refused ({name}: {e.strerror})") from None
+
+    def adopt(self, container_id: str, class_name: str | None) -> None:
+        """A previous run put the container in `class_name`: what it wrote is what we clear later."""
+        if class_name is None or class_name not in self.section.classes:
+            self.applied.pop(container_id, None)
+            return
+        self.applied[container_id] = (class_name, self.resolve(class_name).limits,
+                                      self.section.classes[class_name].weight)
 
     def forget(self, alive: Sequence[str]) -> None:
         keep = set(alive)

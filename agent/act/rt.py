@@ -107,6 +107,7 @@ class RtController:
     """Puts containers into real-time classes on one node (v1 cpu controller)."""
 
     name = "rt"
+    reapply = False  # a budget is written once; the kernel keeps it
 
     def __init__(self, *, section: RtSection, cgroupfs: Cgroupfs) -> None:
         self.section, self.cgfs = section, cgroupfs
@@ -187,6 +188,9 @@ class RtController:
                 why = "EINVAL: the kernel found the budget not schedulable in the hierarchy"
             raise ClassError(self.name, c, "class", class_name or "",
                              f"writing {w.value} to {w.rel}/{w.file}: {why}") from None
+
+    def adopt(self, container_id: str, class_name: str | None) -> None:
+        self.applied[container_id] = class_name
 
     def forget(self, alive: Sequence[str]) -> None:
         keep = set(alive)
