@@ -42,6 +42,7 @@ class Container:
     exclusive: bool = False  # the kubelet's static policy gave it dedicated CPUs
     rdt_class: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)  # the pod's labels (affinity selectors)
     sandbox: str = ""  # "kata"/"kubevirt" when the workload runs in a VM, else ""
 
     def __post_init__(self) -> None:
@@ -57,6 +58,7 @@ class Container:
             "memory_limit_bytes": self.memory_limit_bytes, "memory_bytes": self.memory_bytes,
             "exclusive": self.exclusive, "rdt_class": self.rdt_class,
             "annotations": dict(self.annotations), "sandbox": self.sandbox,
+            **({"labels": dict(self.labels)} if self.labels else {}),
         }
 
     @classmethod
@@ -77,6 +79,7 @@ class Container:
             memory_bytes=int(d.get("memory_bytes", 0)), exclusive=bool(d.get("exclusive", False)),
             rdt_class=str(d.get("rdt_class", "")),
             annotations={str(k): str(v) for k, v in dict(d.get("annotations", {})).items()},
+            labels={str(k): str(v) for k, v in dict(d.get("labels", {})).items()},
             sandbox=str(d.get("sandbox", "")),
         )
 

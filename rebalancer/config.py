@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfbalance.hints import HintKeys
 from perfbalance.settings import setting
 
 # Expected core-frequency loss while a core holds an AVX-512 license, by CPU model name (matched
@@ -46,6 +47,9 @@ class RebalancerConfig:
     avx512_heavy_threshold: float = setting(0.5, "Smoothed avx512_heavy above which a container is treated as AVX-512-heavy.", min=0.0, max=1.0)
     avx512_license_loss: Mapping[str, float] = setting(factory=lambda: dict(DEFAULT_LICENSE_LOSS), doc="Frequency loss (0..1) while a core holds an AVX-512 license, by substring of the CPU model name (longest match wins).")
     avx512_default_loss: float = setting(0.10, "Frequency loss for CPU models not in the table.", min=0.0, max=1.0)
+    avx512_annotation: str = setting("perfbalance.io/avx512", "Pod annotation ('true'/'false'; '<key>.container.<name>' for one container) that pre-classifies a container as AVX-512-heavy from its first cycle; measurement takes over after the usual smoothing.")
+    affinity_annotation: str = setting("perfbalance.io/affinity", "Pod annotation listing containers to keep on the same core/L3/NUMA node, e.g. 'app=web@l3*0.2' (docs/classes.md).")
+    anti_affinity_annotation: str = setting("perfbalance.io/anti-affinity", "Pod annotation listing containers to keep apart, e.g. 'app=db@numa*0.5; container=cache@core!' ('!': hard).")
     island_headroom: float = setting(0.0, "Extra CPU capacity, as a fraction of smoothed usage, given to a container the allocator places (AVX-512 islands, relocations).", min=0.0, max=4.0)
     size_tolerance_cores: float = setting(0.10, "Usage this close above a whole CPU does not round up to one more CPU (a busy loop measured at 1.03 cores needs 1 CPU).", min=0.0, max=1.0)
     # LLC
@@ -83,6 +87,10 @@ class RebalancerConfig:
     health_windows: int = setting(8, "Windows of each container's measured wait kept to estimate its window-to-window noise.", min=3, max=100)
     health_noise_sigmas: float = setting(2.0, "Half-width of the noise band around a predicted health change, in standard deviations of the window-to-window variation.", min=0.0)
     health_noise_floor: float = setting(0.002, "Smallest window-to-window noise assumed for a victim's wait, seconds per second.", min=0.0)
+
+    def hint_keys(self) -> HintKeys:
+        return HintKeys(avx512=self.avx512_annotation, affinity=self.affinity_annotation,
+                        anti_affinity=self.anti_affinity_annotation)
 
     def license_loss(self, cpu_model: str) -> float:
         """Frequency loss for `cpu_model`: the longest table key it contains, else the default."""

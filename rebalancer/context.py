@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from perfbalance import mcpu
 from perfbalance.model import Snapshot
+from rebalancer.affinity import pairs
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import shareable
 from rebalancer.costmodel import CostModel, Evaluation, Layout
@@ -52,7 +53,8 @@ class Context:
                  for s in snapshot.containers}
         resctrl = snapshot.collectors.get("resctrl")
         rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
-        model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt)
+        model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt,
+                          pairs=pairs((s.container for s in snapshot.containers), config.hint_keys()))
         placement = _placement(views, idx)
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)

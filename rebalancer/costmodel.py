@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
 from rebalancer.sharing import fill_order, water_fill
+from rebalancer.affinity import Pair
+from rebalancer.affinity import cost as affinity_cost
 from rebalancer.topoindex import TopoIndex
 
 Placement = Mapping[str, frozenset[int]]
@@ -100,8 +102,9 @@ class CostModel:
     """Scores layouts of one snapshot. Pure: holds only the snapshot's derived values."""
 
     def __init__(self, *, idx: TopoIndex, views: Mapping[str, View], config: RebalancerConfig,
-                 aggressor_class: str = "") -> None:
+                 aggressor_class: str = "", pairs: tuple[Pair, ...] = ()) -> None:
         self.idx, self.views, self.cfg = idx, views, config
+        self.pairs = pairs  # affinity / anti-affinity (rebalancer.affinity)
         self.loss = config.license_loss(idx.cpu_model)
         self.aggressor_class = aggressor_class
         self.aggressors = frozenset(v.id for v in views.values() if self._is_aggressor(v))
@@ -215,6 +218,8 @@ class CostModel:
             parts["avx512"] += avx_core.get(k, 0.0)
             parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
             parts["cpu"] += un
+        if self.pairs:
+            parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
         return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)
 
     def _avx_and_cpu(self, layout: Layout, keys: list[frozenset[int]],

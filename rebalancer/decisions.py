@@ -14,6 +14,8 @@ its cores clean), so the greedy loop in planner.py never needs half-finished int
 * bandwidth: a bandwidth-heavy container moves to a NUMA node with bandwidth to spare.
 * latency_isolate: a measured victim (rebalancer/latency.py: latency-sensitive, or getting too
   little of the CPU time it wants) moves to the CPUs where its co-runners put the least load.
+* anti_affinity / affinity: one container of an annotated pair moves off (onto) the other's
+  cores, L3 domain or NUMA node (rebalancer.affinity).
 
 VM sandboxes (docs/vm-sandboxes.md, "The planner"): every candidate that moves a container of a
 VM pod moves all the pod's movable containers to the same CPUs (they share the VM's floating
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from perfbalance.cpuset import CpuSet
+from rebalancer.affinity import domain_cpus, overlap
 from rebalancer.allocator import allocate
 from rebalancer.context import Context
 from rebalancer.costmodel import Layout
@@ -55,6 +58,8 @@ def candidates(ctx: Context, layout: Layout) -> list[Decision]:
     if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
         out += _bandwidth(ctx, layout, island)
     out += _latency(ctx, layout, island)
+    if ctx.model.pairs:
+        out += _affinity(ctx, layout, island)
     return [_whole_pods(ctx, d) for d in out] if ctx.sandboxes else out
 
 
@@ -283,6 +288,38 @@ def _latency(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decis
                                 allocated=frozenset({v.id}),
                                 reason=f"latency: victim {v.id} ({why}) to {_fmt(got)}"))
     return out
+
+
+def _affinity(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
+    """For the heaviest pairs not as they want to be: each side moved away from (anti) or into
+    (affinity) the other's domains at the pair's scope."""
+    out: list[Decision] = []
+    placement, idx = layout.placement, ctx.idx
+    unhappy = [p for p in ctx.model.pairs
+               if (ov := overlap(idx, p, placement)) > 1e-9 and p.kind == "anti-affinity"
+               or ov < 1 - 1e-9 and p.kind == "affinity"]
+    for p in sorted(unhappy, key=lambda p: -abs(p.signed_weight))[:MAX_PER_KIND]:
+        for mover, other in ((p.a, p.b), (p.b, p.a)):
+            if mover in ctx.unmovable or other not in placement:
+                continue
+            theirs = domain_cpus(idx, p.scope, placement[other])
+            usable = (ctx.free - theirs if p.kind == "anti-affinity" else ctx.free & theirs) - island
+            verb = "away from" if p.kind == "anti-affinity" else "next to"
+            d = _place(ctx, layout, mover, usable, p.kind.replace("-", "_"),
+                       f"{p.kind}: {mover} {verb} {other} ({p.scope}, {p.term} from {p.a})")
+            out += [d] if d is not None else []
+    return out
+
+
+def _place(ctx: Context, layout: Layout, cid: str, usable: frozenset[int], kind: str,
+           reason: str) -> Decision | None:
+    need = ctx.need_cpus([cid])
+    claimed = _claimed(layout, cid, usable)
+    got = allocate(ctx.idx, usable - claimed, need) or allocate(ctx.idx, usable, need)
+    if got is None or got == layout.placement[cid]:
+        return None
+    return Decision(kind=kind, primary=cid, cpus={cid: ctx.idx.intern(got)}, allocated=frozenset({cid}),
+                    reason=f"{reason} to {_fmt(got)}")
 
 
 def _relocations(ctx: Context, layout: Layout, cid: str, domains: Mapping[int, frozenset[int]],

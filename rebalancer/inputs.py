@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from perfbalance.model import ContainerSample, Snapshot
+from perfbalance.hints import HintKeys, avx512_hint
 from rebalancer.config import RebalancerConfig
 from rebalancer.health import HEALTH_METRICS
 from rebalancer.state import frozen_map
@@ -59,9 +60,20 @@ def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float
 
 
 def smooth(snapshot: Snapshot, previous: Mapping[str, Mapping[str, float]],
-           alpha: float) -> Mapping[str, Mapping[str, float]]:
-    return frozen_map({s.id: frozen_map(ewma(previous.get(s.id), s.metrics, alpha))
+           alpha: float, *, avx512_key: str = "") -> Mapping[str, Mapping[str, float]]:
+    return frozen_map({s.id: frozen_map(ewma(previous.get(s.id), _hinted(s, previous.get(s.id), avx512_key), alpha))
                        for s in snapshot.containers})
+
+
+def _hinted(s: ContainerSample, prev: Mapping[str, float] | None, key: str) -> Mapping[str, float]:
+    """The metrics with an AVX-512 annotation applied: a container annotated heavy counts as fully
+    heavy in its first window (no measurement yet to smooth), and whenever no AVX-512 signal is
+    measured at all; otherwise the measurement is smoothed from there and takes over."""
+    if not key or avx512_hint(s.container, HintKeys(avx512=key)) is not True:
+        return s.metrics
+    if prev is None or "avx512_heavy" not in s.metrics:
+        return {**s.metrics, "avx512_heavy": 1.0}
+    return s.metrics
 
 
 def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConfig,

@@ -23,11 +23,13 @@ from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import numa_move_problem, sandbox_mask, spans_needlessly
+from rebalancer.affinity import hard_worsened
 from rebalancer.context import Context
 from rebalancer.costmodel import Evaluation, Layout, move_costs
 from rebalancer.decisions import Decision, candidates
 from rebalancer.evaluate import judge_pending
 from rebalancer.health import measure, noise, push
+from rebalancer.hintnotes import hint_notes
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
 from rebalancer.latency import predicted
@@ -56,9 +58,10 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
          now: float) -> Plan:
     """Plan moves for `snapshot`. Pure and deterministic; pass `Plan.state` to the next call."""
     state = state or PlannerState()
-    smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha)
+    smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha, avx512_key=config.avx512_annotation)
     ctx = Context.build(snapshot, config, state, smoothed, now)
     considered: list[dict[str, Any]] = [{"kind": "input", "rejected": p} for p in ctx.problems]
+    considered += hint_notes(ctx, smoothed)
     rollbacks, pending, touched = judge_pending(ctx, considered)
     actions: list[Action] = list(rollbacks)
     seq = state.seq
@@ -138,6 +141,9 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
     why = _sandbox_constraint(ctx, layout, d)
     if why:
         return why
+    hard = hard_worsened(ctx.idx, ctx.model.pairs, layout.placement, after.placement) if ctx.model.pairs else None
+    if hard is not None:
+        return f"constraint: hard anti-affinity {hard.a} / {hard.b} ({hard.term}) would share more"
     targets = set({id(c): c for c in d.cpus.values()}.values())
     vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
     masks = {**masks, **{pod: sandbox_mask(after.placement, sb) for pod, sb in vms.items()}}
