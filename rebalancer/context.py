@@ -14,7 +14,7 @@ from rebalancer.constraints import shareable
 from rebalancer.costmodel import CostModel, Evaluation, Layout
 from rebalancer.health import Health, measure, target_of
 from rebalancer.inputs import View, view
-from rebalancer.latency import Victim, co_load, is_victim, loss
+from rebalancer.latency import Victim, co_load, is_victim, loss, measured_loss, victim_loss
 from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
 from rebalancer.vm import Sandbox, sandboxes
@@ -41,6 +41,7 @@ class Context:
     health: Mapping[str, Health] = field(default_factory=dict)  # measured (smoothed inputs)
     victims: Mapping[str, Victim] = field(default_factory=dict)  # rebalancer/latency.py
     problems: tuple[str, ...] = ()  # bad latency annotations, one line each
+    targets: Mapping[str, float] = field(default_factory=dict)  # container -> run-queue p99 target, s
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -59,10 +60,10 @@ class Context:
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
-        health, victims, problems = _victims(snapshot, config, smoothed, base, views)
+        health, victims, problems, targets = _victims(snapshot, config, smoothed, base, views)
         return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable,
                    sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
-                   health=health, victims=victims, problems=problems,
+                   health=health, victims=victims, problems=problems, targets=targets,
                    config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
@@ -78,6 +79,21 @@ class Context:
         c = self.config
         return loss(self.victims, layout, self.usage, base=c.latency_base_load,
                     cost=c.latency_breach_cost, cap=c.latency_breach_cap)
+
+    def measured_loss(self, cid: str, h: Health | None = None) -> float | None:
+        """Measured health loss of a container: its run-queue wait plus its breached target
+        (the term it has in L_lat as a victim); None without a measurement. `h`: raw health
+        instead of the smoothed one."""
+        h = h if h is not None else self.health.get(cid)
+        if h is None:
+            return None
+        c = self.config
+        return measured_loss(h, self.targets.get(cid), cost=c.latency_breach_cost, cap=c.latency_breach_cap)
+
+    def predicted_loss(self, v: Victim, layout: Layout) -> float:
+        c = self.config
+        return victim_loss(v, layout, self.usage, base=c.latency_base_load,
+                           cost=c.latency_breach_cost, cap=c.latency_breach_cap)
 
     def need_cpus(self, ids: list[str]) -> int:
         """Whole CPUs for containers: their requests, or their usage plus headroom if larger.
@@ -116,23 +132,26 @@ def _placement(views: Mapping[str, View], idx: TopoIndex) -> dict[str, frozenset
 
 def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str, Mapping[str, float]],
              base: Layout, views: Mapping[str, View],
-             ) -> tuple[dict[str, Health], dict[str, Victim], tuple[str, ...]]:
-    """Measured health of every container, the victims among them, bad annotations."""
+             ) -> tuple[dict[str, Health], dict[str, Victim], tuple[str, ...], dict[str, float]]:
+    """Measured health of every container, the victims among them, bad annotations, targets."""
     health: dict[str, Health] = {}
     victims: dict[str, Victim] = {}
     problems: list[str] = []
+    targets: dict[str, float] = {}
     usage = {cid: v.usage for cid, v in views.items()}
     for s in snapshot.containers:
         target, problem = target_of(s.container, config.latency_targets)
         if problem:
             problems.append(problem)
+        if target is not None:
+            targets[s.id] = target
         h = measure(smoothed.get(s.id, {}), min_waits=config.health_min_waits)
         if h is None:
             continue
         health[s.id] = h
         if is_victim(h, target, config.victim_health_threshold):
             victims[s.id] = Victim(id=s.id, health=h, target=target, load0=co_load(base, usage, s.id))
-    return health, victims, tuple(problems)
+    return health, victims, tuple(problems), targets
 
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:

@@ -106,14 +106,16 @@ def judge(ctx: Context, p: Pending) -> Verdict:
 
 
 def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
-    """(predicted, measured) drop of the victims' run-queue wait, s/s; None when a victim lost
-    its measurement or the predicted drop is inside the noise band (not measurable)."""
-    if not p.health_before or not all(v in ctx.health for v in p.health_before):
+    """(predicted, measured) drop of the victims' health loss (run-queue wait plus breached
+    target, s/s); None when a victim lost its measurement or the predicted drop is inside the
+    noise band (not measurable)."""
+    now = {v: ctx.measured_loss(v) for v in p.health_before}
+    if not now or any(x is None for x in now.values()):
         return None
     predicted = sum(b - p.health_predicted.get(v, b) for v, b in p.health_before.items())
     if predicted <= p.health_band:
         return None
-    measured = sum(b - ctx.health[v].wait for v, b in p.health_before.items())
+    measured = sum(b - (now[v] or 0.0) for v, b in p.health_before.items())
     return predicted, measured
 
 
@@ -144,7 +146,7 @@ def _rollback(ctx: Context, p: Pending, v: Verdict) -> list[Action] | None:
     by_id = ctx.snapshot.by_id()
     placement: dict[str, frozenset[int]] = dict(ctx.base.placement)
     out: list[Action] = []
-    measured = (f"measured run-queue wait of the victims dropped {v.realized:.4f} s/s, predicted "
+    measured = (f"measured health loss of the victims dropped {v.realized:.4f} s/s, predicted "
                 f"{v.predicted:.4f} (noise band {v.band:.4f})" if v.band is not None else
                 f"victims gained {v.realized:.4f} core-s/s, predicted {v.predicted:.4f}")
     reason = f"rollback of {p.decision} ({p.reason}): {measured}" + (f"; {v.why}" if v.why else "")

@@ -67,14 +67,23 @@ def breach(p99: float | None, target: float | None, cost: float, cap: float) -> 
     return cost * min(cap, max(0.0, p99 / target - 1.0))
 
 
+def measured_loss(h: Health, target: float | None, *, cost: float, cap: float) -> float:
+    """A victim's measured term of L_lat: its wait plus its breached target."""
+    return h.wait + breach(h.p99, target, cost, cap)
+
+
+def victim_loss(v: Victim, layout: Layout, usage: Mapping[str, float], *,
+                base: float, cost: float, cap: float) -> float:
+    """A victim's predicted term of L_lat in `layout` (equal to the measured one in the
+    measured placement)."""
+    wait, p99 = predicted(v, layout, usage, base)
+    return wait + breach(p99, v.target, cost, cap)
+
+
 def loss(victims: Mapping[str, Victim], layout: Layout, usage: Mapping[str, float], *,
          base: float, cost: float, cap: float) -> float:
     """L_lat of `layout`: the victims' predicted waits plus their breached targets."""
-    total = 0.0
-    for v in victims.values():
-        wait, p99 = predicted(v, layout, usage, base)
-        total += wait + breach(p99, v.target, cost, cap)
-    return total
+    return sum(victim_loss(v, layout, usage, base=base, cost=cost, cap=cap) for v in victims.values())
 
 
 def is_victim(h: Health, target: float | None, threshold: float) -> bool:

@@ -32,7 +32,6 @@ from rebalancer.health import measure, noise, push
 from rebalancer.hintnotes import hint_notes
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
-from rebalancer.latency import predicted
 from rebalancer.state import Moved, Pending, PlannerState, frozen_map
 
 MAX_CONSIDERED = 64
@@ -206,12 +205,14 @@ def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float
 
 
 def _health_predictions(ctx: Context, s: Scored) -> dict[str, tuple[float, float]]:
-    """Victim -> (measured wait now, predicted wait after the decision), s/s, where it drops."""
+    """Victim -> (measured health loss now, predicted after the decision) where it drops:
+    run-queue wait plus breached target, s/s (rebalancer/latency.py)."""
     out = {}
     for cid, v in sorted(ctx.victims.items()):
-        wait, _ = predicted(v, s.layout, ctx.usage, ctx.config.latency_base_load)
-        if v.health.wait - wait > 1e-6:
-            out[cid] = (v.health.wait, wait)
+        now = ctx.measured_loss(cid) or 0.0
+        after = ctx.predicted_loss(v, s.layout)
+        if now - after > 1e-6:
+            out[cid] = (now, after)
     return out
 
 
@@ -294,13 +295,13 @@ def _next_state(ctx: Context, smoothed: Mapping[str, Mapping[str, float]], seq: 
 
 
 def _health_history(ctx: Context) -> Mapping[str, tuple[float, ...]]:
-    """Each container's raw (unsmoothed) measured wait of the last `health_windows` windows:
-    the window-to-window variation that sets the noise band of an evaluation."""
+    """Each container's raw (unsmoothed) measured health loss of the last `health_windows`
+    windows: the window-to-window variation that sets the noise band of an evaluation."""
     old, keep, out = ctx.state.health_history, ctx.config.health_windows, {}
     for s in ctx.snapshot.containers:
-        h = measure(s.metrics, min_waits=ctx.config.health_min_waits)
-        if h is not None:
-            out[s.id] = push(old.get(s.id, ()), h.wait, keep)
+        loss = ctx.measured_loss(s.id, measure(s.metrics, min_waits=ctx.config.health_min_waits))
+        if loss is not None:
+            out[s.id] = push(old.get(s.id, ()), loss, keep)
     return frozen_map(out)
 
 
