@@ -79,6 +79,7 @@ class RebalancerConfig:
     rollback_fraction: float = setting(0.25, "A move is rolled back when the realized gain is below this fraction of the predicted gain.", min=0.0, max=1.0)
     # victim health and latency targets (rebalancer/health.py, rebalancer/latency.py)
     latency_targets: Mapping[str, float] = setting(factory=dict, doc="Latency-sensitive containers: selector (a glob on namespace/pod/container, or a container id) -> run-queue p99 target in seconds. The pod annotation perfbalance.io/runqueue-p99-target (e.g. 2ms) wins over these.")
+    latency_sensitive_target: float = setting(0.005, "Run-queue p99 target, seconds, of a container annotated perfbalance.io/latency-sensitive: \"true\" without a target of its own.", min=1e-6)
     latency_breach_cost: float = setting(0.05, "Cost, core-seconds per second, of a latency-sensitive container's predicted run-queue p99 at twice its target (linear in p99/target - 1).", min=0.0)
     latency_breach_cap: float = setting(10.0, "Cap on p99/target - 1 in the breach cost.", min=0.0)
     latency_base_load: float = setting(0.05, "Co-runner load (CPUs per CPU) standing for what the planner cannot see (kernel threads, interrupts): the floor of the run-queue wait model.", min=0.001, max=10.0)

@@ -140,7 +140,7 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
     targets: dict[str, float] = {}
     usage = {cid: v.usage for cid, v in views.items()}
     for s in snapshot.containers:
-        target, problem = target_of(s.container, config.latency_targets)
+        target, problem = target_of(s.container, config.latency_targets, default=config.latency_sensitive_target)
         if problem:
             problems.append(problem)
         if target is not None:

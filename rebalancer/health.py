@@ -39,6 +39,7 @@ HEALTH_METRICS = (
     "runqueue_waits", "psi_cpu_some", "cpu_throttled_seconds_per_second", "cpu_throttled_ratio",
 )
 TARGET_ANNOTATION = "perfbalance.io/runqueue-p99-target"
+SENSITIVE_ANNOTATION = "perfbalance.io/latency-sensitive"  # as rebalancer.admit reads it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,10 +116,13 @@ def ident(c: Container) -> str:
     return f"{c.namespace or '-'}/{c.pod or c.pod_uid or '-'}/{c.name or c.id}"
 
 
-def target_of(c: Container, selectors: Mapping[str, float]) -> tuple[float | None, str]:
+def target_of(c: Container, selectors: Mapping[str, float], *,
+              default: float | None = None) -> tuple[float | None, str]:
     """(run-queue p99 target in seconds or None, problem). The pod annotation wins over config
     selectors (globs on namespace/pod/container, or a container id); the most specific
-    (longest) matching selector wins among those. A bad annotation is a problem, not a crash."""
+    (longest) matching selector wins among those; a container annotated
+    `perfbalance.io/latency-sensitive: "true"` (the placement hint of rebalancer/admit.py)
+    without either gets `default`. A bad annotation is a problem, not a crash."""
     text = c.annotations.get(TARGET_ANNOTATION)
     if text is not None:
         try:
@@ -129,4 +133,5 @@ def target_of(c: Container, selectors: Mapping[str, float]) -> tuple[float | Non
     for sel in sorted(selectors, key=lambda s: (-len(s), s)):
         if sel == c.id or fnmatchcase(name, sel):
             return selectors[sel], ""
-    return None, ""
+    flag = c.annotations.get(SENSITIVE_ANNOTATION, "").strip().lower() in ("true", "1", "yes")
+    return (default if flag else None), ""

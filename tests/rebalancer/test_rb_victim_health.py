@@ -71,6 +71,13 @@ def test_targets_parse_as_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
+def test_the_latency_sensitive_placement_hint_gets_the_default_target() -> None:
+    c = sample("x", "0", request=100).container
+    hinted = replace(c, annotations={"perfbalance.io/latency-sensitive": "true"})
+    assert target_of(hinted, {}, default=0.005) == (0.005, "")
+    assert target_of(c, {}, default=0.005) == (None, "")  # control: no hint, no target
+
+
 def test_annotation_wins_over_selectors_and_a_bad_one_is_a_problem_not_a_crash() -> None:
     c = sample("x", "0", request=100).container
     assert target_of(c, {"-/pod-x/*": 0.005}) == (0.005, "")
