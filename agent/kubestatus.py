@@ -154,6 +154,42 @@ def move_events(applied: Iterable[Any], realized: Iterable[Any], containers: Map
     return out
 
 
+def status_input(report: Any, *, config: Any, config_valid: bool, config_error: str,
+                 extra: Mapping[str, Any], policy: str = "") -> StatusInput:
+    """A cycle's report (and the configuration status the loop keeps) as the control plane sees it."""
+    snap = report.snapshot
+    containers = {s.id: s.container for s in snap.containers}
+    nerr = len(report.errors)
+    message = (f"cycle {report.cycle}: {len(containers)} containers, policy {policy or config.rebalancer.policy}"
+               + (f", {nerr} error(s), first: {report.errors[0]}" if nerr else ""))
+    return StatusInput(time=report.time, cycle=report.cycle, ready=True, ready_reason="CyclesRunning",
+                       ready_message=note(message), config_valid=config_valid, config_error=config_error,
+                       facts=facts_of(snap, config, extra),
+                       events=tuple(move_events(report.applied, report.realized, containers)))
+
+
+def facts_of(snap: Any, config: Any, extra: Mapping[str, Any]) -> NodeFacts:
+    """NodeFacts from a snapshot and the configuration (docs/deploy.md gives each meaning)."""
+    from rebalancer.constraints import shareable
+    from rebalancer.topoindex import TopoIndex
+
+    loss = config.rebalancer.license_loss(snap.topology.cpu_model)
+    avx = snap.collectors.get("avx512")
+    rdt = snap.collectors.get("resctrl")
+    r = config.resctrl
+    classes = set(r.classes) | {c for p in r.partitions.values() for c in getattr(p, "classes", {})}
+    blockio = getattr(getattr(config, "blockio", None), "classes", None) or {}
+    nri = getattr(config, "nri", None)
+    mode = "nri" if nri is not None and getattr(nri, "enabled", False) else "cgroupfs"
+    idx = TopoIndex.build(snap.topology)
+    island = len(idx.full_cores_within(shareable(snap))) if loss > 0 else 0
+    free = extra.get("resctrl_closids_free")
+    return node_facts(license_loss=loss, avx512=bool(avx is not None and avx.up), rdt=bool(rdt is not None and rdt.up),
+                      rdt_classes=sorted(classes), blockio_classes=sorted(blockio), mode=mode,
+                      closids_free=int(free) if isinstance(free, (int, float)) and rdt is not None and rdt.up else None,
+                      island_cpus=island)
+
+
 def _pod_ref(c: Any) -> dict[str, str]:
     ref = {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace, "name": c.pod, "uid": c.pod_uid}
     if c.name:
