@@ -29,7 +29,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -439,6 +439,31 @@ class StatusWriter:
         if code == 200:
             self._own_labels = set(want)
 
+    def node_seen(self, node: Mapping[str, Any]) -> bool:
+        """A Node object seen by the watch: when what we wrote is gone or different (the kubelet
+        re-registered and dropped extended resources, someone removed a label), the next sync
+        writes it again instead of waiting for the resync. True when a rewrite was scheduled."""
+        with self.lock:
+            st = self._latest
+        if st is None or self._synced is None:
+            return False
+        meta, status = node.get("metadata") or {}, node.get("status") or {}
+        o, missing = self.options, []
+        if o.node_conditions:
+            have = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+            want = {READY: "True" if st.ready else "False", CONFIG_VALID: "True" if st.config_valid else "False"}
+            missing += [k for k, v in want.items() if have.get(k) != v]
+        if o.extended_resources:
+            cap = status.get("capacity") or {}
+            missing += [k for k, v in st.facts.resources.items() if cap.get(k) != str(v)]
+        if o.node_labels:
+            labels = meta.get("labels") or {}
+            missing += [k for k, v in st.facts.labels.items() if labels.get(k) != v]
+        if missing:
+            self._next_resync = 0.0
+            log.info("node %s lost %s: writing it again", self.node, ", ".join(sorted(missing)))
+        return bool(missing)
+
     # -- events ----------------------------------------------------------------------------
     def _events_sync(self, pending: list[EventSpec], now: float) -> None:
         for i, ev in enumerate(pending):
@@ -518,6 +543,62 @@ def _message(raw: bytes) -> str:
     return str(doc.get("message", ""))[:200] if isinstance(doc, Mapping) else ""
 
 
+class NodeWatch:
+    """A watch on this Node (`fieldSelector=metadata.name=<node>`) feeding `StatusWriter.node_seen`.
+
+    A watch ends: the server closes it after `timeoutSeconds` (normal), the connection breaks
+    (a proxy, an API server restart), or the resourceVersion is too old (an ERROR event with 410
+    Gone). The first two resume from the last resourceVersion seen; 410 starts again from a
+    fresh GET. `run_once()` is one watch; the caller loops with a back-off on failures.
+    """
+
+    def __init__(self, *, transport: Any, node: str, writer: StatusWriter, timeout_seconds: int = 300) -> None:
+        self.api, self.node, self.writer, self.timeout = transport, node, writer, timeout_seconds
+        self.resource_version = ""
+        self.stats = {"watches": 0, "events": 0, "broken": 0, "gone": 0}
+
+    def run_once(self) -> str:
+        """One watch; returns how it ended: 'closed', 'broken' or 'gone' (ApiProblem on HTTP errors)."""
+        if not self.resource_version:
+            code, raw, _ = self.api.request("GET", f"/api/v1/nodes/{self.node}")
+            if code != 200:
+                raise ApiProblem(code, f"GET /api/v1/nodes/{self.node}: HTTP {code} {_message(raw)}")
+            node = json.loads(raw)
+            self.resource_version = str((node.get("metadata") or {}).get("resourceVersion", ""))
+            self.writer.node_seen(node)
+        self.stats["watches"] += 1
+        path = (f"/api/v1/nodes?watch=1&allowWatchBookmarks=true&timeoutSeconds={self.timeout}"
+                f"&fieldSelector=metadata.name%3D{self.node}&resourceVersion={self.resource_version}")
+        try:
+            for line in self.api.stream(path, read_timeout=self.timeout + 30):
+                if self._event(line) == "gone":
+                    return "gone"
+        except ApiProblem as e:
+            if e.status != 0:
+                raise
+            self.stats["broken"] += 1
+            return "broken"
+        return "closed"
+
+    def _event(self, line: bytes) -> str:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            raise ApiProblem(0, f"watch of node {self.node}: not JSON: {line[:80]!r}") from None
+        kind, obj = ev.get("type"), ev.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                self.stats["gone"] += 1
+                self.resource_version = ""  # too old: list again
+                return "gone"
+            raise ApiProblem(int(obj.get("code") or 500), f"watch of node {self.node}: {obj.get('message', '')}")
+        self.stats["events"] += 1
+        self.resource_version = str((obj.get("metadata") or {}).get("resourceVersion", self.resource_version))
+        if kind in ("ADDED", "MODIFIED"):
+            self.writer.node_seen(obj)
+        return kind or ""
+
+
 class ClientTransport:
     """Transport over the agent's KubeClient: its service-account token (re-read on rotation),
     CA bundle, timeout and bounded reads, for every verb."""
@@ -550,6 +631,35 @@ class ClientTransport:
         except (OSError, http.client.HTTPException) as e:
             raise ApiProblem(0, f"{method} {url}: request failed ({type(e).__name__}: {e})") from None
         except PerfbalanceError as e:  # KubeApiError: token or CA unreadable, body too large
+            raise ApiProblem(0, str(e)) from None
+        finally:
+            conn.close()
+
+    def stream(self, path: str, *, read_timeout: float, max_line: int = 4 << 20) -> Iterator[bytes]:
+        """The lines of a watch response; ApiProblem(status 0) when the connection breaks."""
+        c = self.client
+        url = c.endpoint.base_url + path
+        token = c._token.read().decode("utf-8", "replace").strip()
+        conn = http.client.HTTPSConnection(c.endpoint.host, c.endpoint.port, timeout=c.timeout, context=c._ssl_context())
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
+                                               "User-Agent": USER_AGENT})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ApiProblem(resp.status, f"GET {url}: HTTP {resp.status} {_message(resp.read(800))}")
+            if conn.sock is not None:
+                conn.sock.settimeout(read_timeout)
+            while True:
+                line = resp.readline(max_line + 1)
+                if not line:
+                    return
+                if not line.endswith(b"\n"):
+                    raise ApiProblem(0, f"GET {url}: the watch broke mid-event ({len(line)} bytes)")
+                if line.strip():
+                    yield line
+        except (TimeoutError, OSError, http.client.HTTPException) as e:
+            raise ApiProblem(0, f"GET {url}: watch failed ({type(e).__name__}: {e})") from None
+        except PerfbalanceError as e:
             raise ApiProblem(0, str(e)) from None
         finally:
             conn.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import queue
 import re
 import ssl
 import subprocess
@@ -89,6 +90,10 @@ class KubeStore:
     faults: list[Fault] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
     after_node_get: Callable[[KubeStore], None] | None = None
+    # what a watch sends, in order: an event dict, "BREAK" (cut mid-event), "END" (the server's
+    # timeoutSeconds: a clean end), "GONE" (410: the resourceVersion is too old)
+    watch: queue.Queue[Any] = field(default_factory=queue.Queue)
+    watch_queries: list[dict[str, list[str]]] = field(default_factory=list)
     rv: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -245,7 +250,14 @@ def _handler(store: KubeStore) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = raw
-            path = urllib.parse.urlsplit(self.path).path
+            url = urllib.parse.urlsplit(self.path)
+            path = url.path
+            query = urllib.parse.parse_qs(url.query)
+            if self.command == "GET" and path == "/api/v1/nodes" and query.get("watch") == ["1"]:
+                store.watch_queries.append(query)
+                store.seen.append(Request(method="GET", path=path, content_type="", body=None))
+                self._watch()
+                return
             code, doc, headers = store.handle(self.command, path, self.headers.get("Content-Type", ""), body)
             if code == 0:  # a connection that breaks mid-request
                 self.close_connection = True
@@ -259,6 +271,33 @@ def _handler(store: KubeStore) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _watch(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while True:
+                item = store.watch.get(timeout=30)
+                if item == "END":
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                if item == "BREAK":
+                    part = b'{"type":"MODIFIED","obj'
+                    self.wfile.write(b"%x\r\n%s" % (len(part) + 10, part))  # a chunk cut short
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                gone = item == "GONE"
+                if gone:  # the API server ends a watch after its ERROR event
+                    item = {"type": "ERROR", "object": status(410, "Expired", "too old resource version")}
+                line = json.dumps(item).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                if gone:
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                self.wfile.flush()
 
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve  # noqa: N815 (http.server's names)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kube_api import KubeServer
+from kube_api import NODE, KubeServer
 from test_status_writer import move, status, writer
 
-from agent.kubestatus import StatusOptions
+from agent.kubestatus import NodeWatch, StatusOptions
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPONENT = {"events": "status-events", "node_conditions": "status-node", "extended_resources": "status-node",
@@ -29,10 +29,15 @@ def used(kube: KubeServer, tmp_path: Path, option: str) -> set[Grant]:
         w.offer(status(events=(move(),), config_valid=valid, config_error="" if valid else "c.yaml: a = 1: bad"))
         w.sync()
         clock.t += 100
+    if option.startswith(("node_", "extended_")):  # the node options watch the Node too
+        kube.store.watch.put("END")
+        NodeWatch(transport=w.api, node=NODE, writer=w, timeout_seconds=5).run_once()
     out = set()
     for r in kube.store.seen:
         verb = {"GET": "get", "POST": "create", "PATCH": "patch", "DELETE": "delete"}[r.method]
-        if r.path.startswith("/apis/events.k8s.io/"):
+        if r.path == "/api/v1/nodes":
+            out.add(("", "nodes", "watch"))
+        elif r.path.startswith("/apis/events.k8s.io/"):
             out.add(("events.k8s.io", "events", verb))
         else:
             out.add(("", "nodes/status" if r.path.endswith("/status") else "nodes", verb))
