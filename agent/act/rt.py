@@ -185,7 +185,8 @@ class RtController:
             if e.errno == errno.EBUSY:
                 why = "EBUSY: the group still runs real-time tasks, its budget cannot drop to 0"
             elif e.errno == errno.EINVAL:
-                why = "EINVAL: the kernel found the budget not schedulable in the hierarchy"
+                why = ("EINVAL: the kernel found the budget not schedulable in the hierarchy (a group "
+                       "removed moments ago may still hold its budget; retried next cycle)")
             raise ClassError(self.name, c, "class", class_name or "",
                              f"writing {w.value} to {w.rel}/{w.file}: {why}") from None
 
