@@ -38,7 +38,7 @@ PROGRAMS: dict[str, Program] = {
     "runqlat": Program(
         name="runqlat", file="runqlat.bpf.c", tracepoint=("sched", "sched_switch"),
         also=(("sched", "sched_wakeup"), ("sched", "sched_wakeup_new")),
-        defines=("PB_MAX_KEYS", "PB_MAX_TASKS", "PB_KEY_PID"),
+        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID"),
         doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
 

@@ -11,25 +11,37 @@
 // runs there until it is switched out there), so bpf_get_current_cgroup_id() names its cgroup.
 // No kernel struct layout is read: tracepoint fields and helpers only.
 //
-// Per key, a log2 histogram of delays in microseconds (slot i: [2^i, 2^(i+1)) us, slot 0 also
-// holds < 1 us, the last slot everything above) plus the count and the sum in ns, all cumulative.
+// Runnable-since times live in a direct-mapped array indexed by the low bits of the thread id
+// (an array lookup is a few instructions where a hash update costs a bucket lock and a free
+// list): one u64 per slot packs the time in units of 1024 ns (high 42 bits, wrapping every 52
+// days; differences stay exact) and the 22-bit thread id (PID_MAX_LIMIT is 2^22), so a
+// concurrent wakeup on another CPU can never be read half-written. Two threads waiting at the
+// same time whose ids share the low bits overwrite each other: the earlier one's wait is lost
+// (checked by the id), never misattributed. A slot is cleared when its thread is switched in.
+// The clock is read at most once per event (on VMs a clock read is most of the cost).
 //
-// Defines (see bpf/__init__.py): PB_MAX_KEYS (histogram map size), PB_MAX_TASKS (runnable-since
-// map, LRU so that tasks that die while runnable cannot fill it), PB_KEY_PID (key by process id
-// instead of cgroup id, for hosts without cgroup v2 or bpf_get_current_cgroup_id).
+// Per key, a log2 histogram of delays in nanoseconds (slot i: [2^(i+10), 2^(i+11)) ns, i.e.
+// from 1.024 us doubling; slot 0 also holds shorter waits, the last slot everything longer)
+// plus the sum in ns, all cumulative; the count is the sum of the slots.
+//
+// Defines (see bpf/__init__.py): PB_MAX_KEYS (histogram map size), PB_TASK_BITS (log2 of the
+// runnable-since slots), PB_KEY_PID (key by process id instead of cgroup id, for hosts without
+// cgroup v2 or bpf_get_current_cgroup_id).
 
 #ifndef PB_MAX_KEYS
 #define PB_MAX_KEYS 10240
 #endif
-#ifndef PB_MAX_TASKS
-#define PB_MAX_TASKS 65536
+#ifndef PB_TASK_BITS
+#define PB_TASK_BITS 16
 #endif
+#define PB_TASK_SLOTS (1 << PB_TASK_BITS)
+#define PB_PID_BITS 22
+#define PB_PID_MASK ((1ULL << PB_PID_BITS) - 1)
 #define PB_SLOTS 24
 #define PB_TASK_REPORT_BITS 0xff
 
 struct rq_hist {
     u64 slot[PB_SLOTS];
-    u64 count;
     u64 sum_ns;
 };
 
@@ -39,25 +51,27 @@ struct rq_parked {
     u64 delay_ns;
 };
 
-BPF_TABLE("lru_hash", u32, u64, rq_start, PB_MAX_TASKS);  // thread id -> runnable since (ns)
+BPF_ARRAY(rq_start, u64, PB_TASK_SLOTS);  // (runnable since >> 10) << 22 | thread id
 BPF_PERCPU_ARRAY(rq_park, struct rq_parked, 1);
 BPF_HASH(rq_hist, u64, struct rq_hist, PB_MAX_KEYS);
 BPF_ARRAY(rq_dropped, u64, 1);  // delays lost because the histogram map was full
 
-static __always_inline void rq_runnable(u32 pid) {
-    if (pid == 0)
-        return;  // the idle task never waits
-    u64 ts = bpf_ktime_get_ns();
-    rq_start.update(&pid, &ts);
+static __always_inline void rq_runnable(u32 pid, u64 now) {
+    u32 idx = pid & (PB_TASK_SLOTS - 1);
+    u64 *slot = rq_start.lookup(&idx);
+    if (slot)
+        *slot = ((now >> 10) << PB_PID_BITS) | (pid & PB_PID_MASK);
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup) {
-    rq_runnable(args->pid);
+    if (args->pid)
+        rq_runnable(args->pid, bpf_ktime_get_ns());
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new) {
-    rq_runnable(args->pid);
+    if (args->pid)
+        rq_runnable(args->pid, bpf_ktime_get_ns());
     return 0;
 }
 
@@ -76,13 +90,30 @@ static __always_inline void rq_account(struct rq_parked *p) {
             __sync_fetch_and_add(d, 1);
         return;
     }
-    u64 us = p->delay_ns / 1000;
-    u32 s = us ? bpf_log2l(us) : 0;
+    u64 units = p->delay_ns >> 10;
+    u32 s = units ? bpf_log2l(units) : 0;
     if (s >= PB_SLOTS)
         s = PB_SLOTS - 1;
     __sync_fetch_and_add(&h->slot[s], 1);
-    __sync_fetch_and_add(&h->count, 1);
     __sync_fetch_and_add(&h->sum_ns, p->delay_ns);
+}
+
+// The waiting time of `next`, parked for attribution; returns the clock it read (0: none).
+static __always_inline u64 rq_switched_in(struct rq_parked *p, u32 next) {
+    u32 idx = next & (PB_TASK_SLOTS - 1);
+    u64 *slot = rq_start.lookup(&idx);
+    if (!slot)
+        return 0;
+    u64 v = *slot;
+    if (v == 0 || (v & PB_PID_MASK) != (next & PB_PID_MASK))
+        return 0;  // not recorded, or overwritten by another thread with the same low id bits
+    *slot = 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 units = ((now >> 10) - (v >> PB_PID_BITS)) & ((1ULL << (64 - PB_PID_BITS)) - 1);
+    p->pid = next;
+    p->delay_ns = units << 10;
+    p->valid = 1;
+    return now;
 }
 
 TRACEPOINT_PROBE(sched, sched_switch) {
@@ -95,18 +126,8 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     if (p->valid && p->pid == prev)
         rq_account(p);
     p->valid = 0;
-    if ((args->prev_state & PB_TASK_REPORT_BITS) == 0)
-        rq_runnable(prev);  // preempted: still runnable, waiting again from now
-    u32 next = args->next_pid;
-    u64 *since = rq_start.lookup(&next);
-    if (!since)
-        return 0;
-    u64 now = bpf_ktime_get_ns();
-    if (now > *since) {
-        p->pid = next;
-        p->delay_ns = now - *since;
-        p->valid = 1;
-    }
-    rq_start.delete(&next);
+    u64 now = rq_switched_in(p, args->next_pid);  // before prev's record can take next's slot
+    if (prev && (args->prev_state & PB_TASK_REPORT_BITS) == 0)  // preempted: waiting again
+        rq_runnable(prev, now ? now : bpf_ktime_get_ns());
     return 0;
 }

@@ -50,7 +50,7 @@ class PerfConfig:
 class RunqlatConfig:
     enabled: bool = setting(True, "Measure run-queue latency (wakeup -> switch-in delay) per container with eBPF.")
     max_keys: int = setting(10240, "Entries of the BPF map of per-cgroup latency histograms (cgroups or, on v1-only hosts, processes).", min=64, max=1 << 20)
-    max_tasks: int = setting(65536, "Entries of the BPF LRU map of runnable-since times (threads waiting for a CPU at once).", min=1024, max=1 << 22)
+    max_tasks: int = setting(65536, "Slots of the BPF array of runnable-since times, indexed by thread id (rounded up to a power of two; two threads waiting at once whose ids share the low bits lose one wait).", min=1024, max=1 << 22)
 
 
 @dataclass(frozen=True, kw_only=True)

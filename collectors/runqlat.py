@@ -3,7 +3,7 @@
 This is what a latency-sensitive victim experiences when it shares CPUs with busy neighbours
 (Heracles and PARTIES judge co-location by the victim's latency), and it exists on every Linux
 node, with or without a PMU. bpf/runqlat.bpf.c keeps, per cgroup, a cumulative log2 histogram of
-wakeup -> switch-in delays (plus their count and sum); this module reads it non-destructively,
+wakeup -> switch-in delays (plus their sum); this module reads it non-destructively,
 turns the deltas of one sample window into a histogram per container and its p50, p99 and mean,
 and prunes map entries of cgroups that are gone with the same sweep as the other BPF collectors.
 
@@ -30,7 +30,7 @@ from perfbalance.model import CollectorStatus, Container
 log = logging.getLogger(__name__)
 
 SLOTS = 24  # PB_SLOTS in bpf/runqlat.bpf.c
-FIELDS = ("slot", "count", "sum_ns")
+FIELDS = ("slot", "sum_ns")
 TRACEPOINTS = (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch"))
 # bcc names a TRACEPOINT_PROBE(category, event) function tracepoint__<category>__<event>.
 FUNCS = {event: f"tracepoint__{cat}__{event}".encode() for cat, event in TRACEPOINTS}
@@ -40,27 +40,31 @@ FUNCS = {event: f"tracepoint__{cat}__{event}".encode() for cat, event in TRACEPO
 class Histogram:
     """Run-queue waits of one container in one window: log2 buckets of microseconds."""
 
-    slots: tuple[int, ...] = (0,) * SLOTS  # slot i: waits in [2^i, 2^(i+1)) us (slot 0 from 0)
-    count: int = 0
+    slots: tuple[int, ...] = (0,) * SLOTS  # slot i: waits in [2^(i+10), 2^(i+11)) ns (slot 0 from 0)
     sum_ns: int = 0
 
     def __add__(self, other: Histogram) -> Histogram:
         return Histogram(slots=tuple(a + b for a, b in zip(self.slots, other.slots)),
-                         count=self.count + other.count, sum_ns=self.sum_ns + other.sum_ns)
+                         sum_ns=self.sum_ns + other.sum_ns)
 
     @classmethod
     def from_row(cls, row: Sequence[int]) -> Histogram:
-        """A flat map row (SLOTS slots, count, sum_ns) as read by bpfenv.read_table."""
-        return cls(slots=tuple(row[:SLOTS]), count=int(row[SLOTS]), sum_ns=int(row[SLOTS + 1]))
+        """A flat map row (SLOTS slots, sum_ns) as read by bpfenv.read_table."""
+        return cls(slots=tuple(row[:SLOTS]), sum_ns=int(row[SLOTS]))
+
+    @property
+    def count(self) -> int:
+        return sum(self.slots)
 
     @property
     def mean_seconds(self) -> float | None:
         return self.sum_ns / self.count / 1e9 if self.count else None
 
 
-def bucket_bounds_us(i: int) -> tuple[float, float]:
-    """[low, high) of slot i in microseconds (slot 0 starts at 0: it also holds < 1 us)."""
-    return (0.0 if i == 0 else float(1 << i), float(1 << (i + 1)))
+def bucket_bounds(i: int) -> tuple[float, float]:
+    """[low, high) of slot i in seconds: 2^(i+10) ns doubling (slot 0 starts at 0: it also
+    holds waits under 1.024 us)."""
+    return (0.0 if i == 0 else (1 << (i + 10)) / 1e9, (1 << (i + 11)) / 1e9)
 
 
 def percentile(h: Histogram, q: float) -> float | None:
@@ -72,10 +76,10 @@ def percentile(h: Histogram, q: float) -> float | None:
     seen = 0
     for i, n in enumerate(h.slots):
         if n and seen + n >= rank:
-            low, high = bucket_bounds_us(i)
-            return (low + (high - low) * (rank - seen) / n) / 1e6
+            low, high = bucket_bounds(i)
+            return low + (high - low) * (rank - seen) / n
         seen += n
-    return bucket_bounds_us(SLOTS - 1)[1] / 1e6
+    return bucket_bounds(SLOTS - 1)[1]
 
 
 def per_container(deltas: Mapping[int, Sequence[int]], owners: Mapping[int, tuple[str, str]]) -> dict[str, Histogram]:
@@ -92,7 +96,7 @@ def window_metrics(h: Histogram, window: float) -> dict[str, float]:
     """One container's run-queue metrics for a window (names in docs/metrics.md).
 
     The histogram's non-empty buckets are included as `runqueue_latency_bucket_<i>` (waits in
-    [2^i, 2^(i+1)) us) so a snapshot keeps the shape, not only the percentiles."""
+    [2^(i+10), 2^(i+11)) ns) so a snapshot keeps the shape, not only the percentiles."""
     out: dict[str, float] = {"runqueue_waits": float(h.count)}
     if window > 0:
         out["runqueue_waits_per_second"] = h.count / window
@@ -143,7 +147,8 @@ class RunqlatCollector:
             if not bpfenv.tracepoint_exists(self.host.tracefs, cat, event):
                 raise FeatureUnavailable("bpf", f"tracepoint {cat}/{event} not in {self.host.tracefs}/events")
         pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
-        self.defines = {"PB_MAX_KEYS": self.config.max_keys, "PB_MAX_TASKS": self.config.max_tasks,
+        self.defines = {"PB_MAX_KEYS": self.config.max_keys,
+                        "PB_TASK_BITS": max(10, (self.config.max_tasks - 1).bit_length()),
                         "PB_KEY_PID": pid_keys}
         self._bpf = env.load(bpf.render("runqlat", self.defines))
         live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
