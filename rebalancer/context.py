@@ -149,8 +149,9 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
         if h is None:
             continue
         health[s.id] = h
-        if is_victim(h, target, config.victim_health_threshold):
-            victims[s.id] = Victim(id=s.id, health=h, target=target, load0=co_load(base, usage, s.id))
+        load0 = co_load(base, usage, s.id)
+        if is_victim(h, target, config.victim_health_threshold, load0=load0, cpus=len(base.placement[s.id])):
+            victims[s.id] = Victim(id=s.id, health=h, target=target, load0=load0)
     return health, victims, tuple(problems), targets
 
 

@@ -86,7 +86,11 @@ def loss(victims: Mapping[str, Victim], layout: Layout, usage: Mapping[str, floa
     return sum(victim_loss(v, layout, usage, base=base, cost=cost, cap=cap) for v in victims.values())
 
 
-def is_victim(h: Health, target: float | None, threshold: float) -> bool:
-    """Latency-sensitive (has a target) or measured to get less than `threshold` of the CPU
-    time it wants."""
-    return target is not None or h.score < threshold
+def is_victim(h: Health, target: float | None, threshold: float, *, load0: float, cpus: int) -> bool:
+    """Latency-sensitive (has a target), or measured to get less than `threshold` of the CPU
+    time it wants while its co-runners take more of its CPUs than it does itself. A container
+    that fills its own CPUs waits behind its own threads: moving others away cannot cure that,
+    and a victim without a target must be one a move can help."""
+    if target is not None:
+        return True
+    return h.score < threshold and load0 > h.usage / max(1, cpus)

@@ -112,6 +112,15 @@ def test_a_container_getting_too_little_of_its_cpu_time_is_a_victim_without_a_ta
     assert "lat" in {a.container for a in plan(s, cfg, None, s.time).actions}
 
 
+def test_a_container_waiting_behind_its_own_threads_is_not_a_victim() -> None:
+    # control of the test above: the same poor score, but hog-a fills CPU 1 itself (0.9 of it)
+    # and its co-runners take little: no move can cure that wait
+    cfg = replace(CFG, latency_targets={})
+    s = snap(topo(), sample("lat", "1", request=100, cpu_usage_cores=0.05, **rq(0.01, 0.001)),
+             sample("hog-a", "1", request=100, cpu_usage_cores=0.9, **rq(1.5, 0.05)))
+    assert plan(s, cfg, None, s.time).actions == ()
+
+
 def test_a_bad_annotation_is_reported_and_planning_goes_on() -> None:
     s = shared(rq(0.4, 0.040))
     s = replace(s, containers=tuple(
