@@ -20,6 +20,7 @@ The API's semantics are taken as they are:
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -336,6 +337,14 @@ class StatusWriter:
             if self.options.events:
                 self._pending.extend(status.events)
                 del self._pending[:-1000]  # bounded: a storm keeps its newest
+
+    def stopping(self) -> None:
+        """The agent is stopping: the next sync says PerfbalanceReady=False (AgentStopped)."""
+        with self.lock:
+            if self._latest is not None:
+                self._latest = dataclasses.replace(self._latest, ready=False, ready_reason="AgentStopped",
+                                                   ready_message="the perfbalance agent on this node stopped", events=())
+        self._synced, self._not_before = None, 0.0
 
     # -- one pass (the writer's thread) -----------------------------------------------------
     def sync(self) -> None:

@@ -240,3 +240,13 @@ def test_nothing_enabled_sends_nothing(kube: KubeServer, tmp_path: Path) -> None
     w.sync()
     assert kube.store.seen == []
     json.dumps(kube.store.nodes)
+
+
+def test_stopping_says_the_agent_is_not_ready(kube: KubeServer, tmp_path: Path) -> None:
+    w, _ = writer(kube, tmp_path, StatusOptions(node_conditions=True))
+    w.offer(status())
+    w.sync()
+    assert conds(kube)[READY]["status"] == "True"  # control
+    w.stopping()
+    w.sync()
+    assert (conds(kube)[READY]["status"], conds(kube)[READY]["reason"]) == ("False", "AgentStopped")
