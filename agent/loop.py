@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from agent.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
+from agent.persist.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
 from agent.config import Config, ConfigWatcher
-from agent.parts import Parts, build_parts
-from agent.report import AgentState, Applied, CycleReport, Realized
-from agent.services import Services, start_services
+from agent.wiring import Parts, build_parts
+from agent.export.report import AgentState, Applied, CycleReport, Realized
+from agent.export.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
 

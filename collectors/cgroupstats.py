@@ -3,7 +3,7 @@
 The cheapest signals there are, and the ones the kernel itself accounts: the planner's notion of
 "how many cores does this container use" and "is it being throttled or stalled" comes from here.
 v1 (cpuacct.usage, cpu.stat, memory.usage_in_bytes), v2 (cpu.stat, memory.current) and hybrid
-hosts (v1 controllers + PSI from the unified hierarchy) are read through collectors.cgroupfs.
+hosts (v1 controllers + PSI from the unified hierarchy) are read through perfbalance.cgroupfs.
 Rates come from deltas between two windows; a counter that went backwards (the cgroup was
 re-created under the same path) restarts the series instead of producing a negative rate.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collectors import cgroupfs as cg
+from perfbalance import cgroupfs as cg
 from collectors.bpfenv import LogOnce
 from collectors.base import Metrics
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError

@@ -14,7 +14,7 @@ cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone tr
 * guest NUMA (KubeVirt PR "numa topology passthrough"): guest nodes whose vCPUs are pinned to one
   host node each, hugepages split as evenly as possible, and moves that keep vCPUs per host node.
 
-Everything here is a pure function of values; the agent's `agent/vmm.py` finds the threads and
+Everything here is a pure function of values; the agent's `agent/discover/vmm.py` finds the threads and
 applies the affinities this module plans.
 """
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.model import Container
 
 CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory")

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.classes import BlockIoClass, BlockIoSection, ClassError, DeviceLimit
 from perfbalance.errors import ContainerGone, FeatureUnavailable
 from perfbalance.model import Container

@@ -21,7 +21,7 @@ import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.classes import ClassError, RtSection
 from perfbalance.errors import ContainerGone, FeatureUnavailable, PerfbalanceError
 from perfbalance.model import Container

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from collectors.cgroupfs import Cgroupfs  # noqa: E402
+from perfbalance.cgroupfs import Cgroupfs  # noqa: E402
 from realcg import RealCgroups  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 
 PREFIX = f"pbtest-found-{os.getpid()}"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import fakecg
-from agent.cpuset_actuator import CpusetActuator, CpusetNotGranted, CpusetRefused
-from collectors.cgroupfs import Cgroupfs
+from agent.act.cpuset import CpusetActuator, CpusetNotGranted, CpusetRefused
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container, KubeletState
 from perfbalance.topology import synthetic

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import fakecg
-from collectors import cgroupfs as cg
-from collectors.cgroupfs import Cgroupfs
+from perfbalance import cgroupfs as cg
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "cgroup" / "samples"

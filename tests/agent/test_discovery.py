@@ -8,7 +8,7 @@ import pytest
 
 import fakecg
 from agent import discovery as d
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
 from perfbalance.model import KubeletState
@@ -256,7 +256,7 @@ def test_same_cgroup_from_kubepods_and_glob_is_reported_once(tmp_path: Path) -> 
 @pytest.mark.parametrize("name", ["kubepods-burstable-pod0123456789abcdef0123456789abcdef.slice",
                                   "pod0123456789abcdef0123456789abcdef"])
 def test_static_pod_uids_are_32_hex_digits(name):
-    from agent.discovery import parse_pod_dir
+    from agent.discover.containers import parse_pod_dir
 
     parsed = parse_pod_dir(name)
     assert parsed is not None and parsed[0] == "0123456789abcdef0123456789abcdef"

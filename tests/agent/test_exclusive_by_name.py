@@ -1,4 +1,4 @@
-from agent.parts import exclusive_by_name
+from agent.wiring import exclusive_by_name
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container, KubeletState
 
@@ -13,7 +13,7 @@ def test_named_container_with_a_kubelet_assignment_is_exclusive():
 
 
 def test_containers_of_a_pod_with_a_found_vmm_are_marked_as_vms():
-    from agent.parts import mark_sandboxed
+    from agent.wiring import mark_sandboxed
 
     cs = [Container(id="a", cgroup="k/pod1/a", pod_uid="uid-1"),
           Container(id="b", cgroup="k/pod1/b", pod_uid="uid-1", sandbox="kata"),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.planning import PolicyRunner
+from agent.plan.runner import PolicyRunner
 from perfbalance.model import Action, Plan, Snapshot
 from perfbalance.settings import setting
 from perfbalance.topology import synthetic

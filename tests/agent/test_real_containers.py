@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from agent import discovery, kubelet
-from agent.cpuset_actuator import CpusetActuator, CpusetRefused
-from agent.sysfs import read_topology
-from collectors.cgroupfs import Cgroupfs
+from agent.act.cpuset import CpusetActuator, CpusetRefused
+from agent.discover.sysfs import read_topology
+from perfbalance.cgroupfs import Cgroupfs
 from realcg import RealCgroups, cpus_allowed
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, CpusetError

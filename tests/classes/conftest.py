@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.errors import PerfbalanceError
 
 

@@ -1,6 +1,6 @@
 """Helpers for collector tests: real cgroups named pbtest-collectors-<pid>-<n>, processes in them.
 
-Every cgroup is created through collectors.cgroupfs in all hierarchies we read (v1 cpu, cpuacct,
+Every cgroup is created through perfbalance.cgroupfs in all hierarchies we read (v1 cpu, cpuacct,
 cpuset, memory and the v2/unified one) and removed, with its processes killed, at teardown.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.model import Container
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from collector_helpers import Cgroups
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.host import HostPaths
 
 

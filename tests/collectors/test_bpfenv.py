@@ -11,7 +11,7 @@ import pytest
 
 from collectors import bpfenv
 from collectors.bpfenv import DeltaTable, KernelVersion
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.errors import FeatureUnavailable, ParseError
 from perfbalance.host import HostPaths
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
-from collectors.cgroupfs import CgroupPathRefused, Cgroupfs
+from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector, FileCache, Reading, metrics
 from perfbalance.model import Container
 
@@ -114,7 +114,7 @@ def test_disabled_collector_is_down_and_says_so() -> None:
 
 
 def test_psi_some_avg10_is_a_fraction_and_agrees_with_the_full_parser() -> None:
-    from collectors.cgroupfs import parse_psi
+    from perfbalance.cgroupfs import parse_psi
     from collectors.cgroupstats import parse_psi_some_avg10
 
     text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=12345\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=5\n"

@@ -13,7 +13,7 @@ import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
 from collectors import bpfenv, perf
-from collectors.cgroupfs import CgroupPathRefused, Cgroupfs
+from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.config import PerfConfig
 from perfbalance.model import Container
 from perfbalance.errors import ParseError

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import bpf
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from collectors.config import RunqlatConfig
 from collectors.runqlat import SLOTS, Histogram, RunqlatCollector, bucket_bounds, per_container, percentile, window_metrics
 from perfbalance.host import HostPaths

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from agent.config_cmd import render_reference
+from agent.cli.config import render_reference
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

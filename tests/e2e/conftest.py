@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.demo import BUSY, workloads
-from collectors.cgroupfs import Cgroupfs
+from agent.cli.demo import BUSY, workloads
+from perfbalance.cgroupfs import Cgroupfs
 
 REPO = Path(__file__).resolve().parents[2]
 PERFBALANCE = str(REPO / ".venv" / "bin" / "perfbalance")
@@ -56,7 +56,7 @@ def write_config(tmp_path: Path, base: str):
 
 
 def _cpu_model() -> str:
-    from agent.sysfs import parse_cpu_model
+    from agent.discover.sysfs import parse_cpu_model
 
     return parse_cpu_model(Path("/proc/cpuinfo").read_text()) or "unknown"
 

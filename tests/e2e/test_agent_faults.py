@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import load_config
 from agent.loop import Agent
-from agent.parts import Parts
+from agent.wiring import Parts
 from perfbalance.model import Action, Container
 from tests.e2e.conftest import PERFBALANCE, run_agent
 
@@ -213,7 +213,7 @@ async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write
 
 
 async def test_doctor_shows_that_the_running_agent_rejected_its_config(demo_workloads, write_config):
-    from agent.doctor import report
+    from agent.cli.doctor import report
 
     cfg = write_config()
     agent, _ = _agent(cfg, cycles=4)

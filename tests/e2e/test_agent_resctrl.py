@@ -1,7 +1,7 @@
 """The agent with RDT: the real loop, real Kubernetes-shaped cgroups and processes, and the
 kernel-faithful resctrl emulator (tests/resctrl/emulator; no RDT hardware on this machine).
 
-Checks the wiring of agent/resctrl_glue.py: classes created with their schemata, containers put
+Checks the wiring of agent/act/rdt.py: classes created with their schemata, containers put
 in their QoS class with every thread, monitoring groups per container, a planner-style class move,
 the CLOSID budget in the exported state, and our groups only.
 """
@@ -19,9 +19,9 @@ import pytest
 
 from agent.config import parse_config
 from agent.loop import Agent
-from agent.parts import Parts
-from agent.resctrl_glue import RdtNode
-from collectors.cgroupfs import Cgroupfs
+from agent.wiring import Parts
+from agent.act.rdt import RdtNode
+from perfbalance.cgroupfs import Cgroupfs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resctrl"))
 from emulator import Emulator  # noqa: E402

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from agent.checkpoint import Checkpoint
+from agent.persist.checkpoint import Checkpoint
 from agent.config import load_config
 from tests.e2e.conftest import PERFBALANCE, cpus_allowed, run_agent
 

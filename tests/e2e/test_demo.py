@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent.demo import DEMO_BASE
+from agent.cli.demo import DEMO_BASE
 from tests.e2e.conftest import run_agent
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]

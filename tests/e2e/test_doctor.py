@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from agent.doctor import SECTIONS
+from agent.cli.doctor import SECTIONS
 from tests.e2e.conftest import run_agent
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf]

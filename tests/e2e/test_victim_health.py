@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import RunqlatConfig
 from collectors.runqlat import RunqlatCollector

@@ -9,7 +9,7 @@ from pathlib import Path
 from kube_api import NODE, KubeServer
 from test_status_writer import ALL, status, writer
 
-from agent.kubestatus import READY, NodeWatch
+from agent.export.kubestatus import READY, NodeWatch
 
 
 def setup(kube: KubeServer, tmp_path: Path) -> tuple[NodeWatch, object]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from agent.config import Config
-from agent.kubestatus import PREFIX, status_input
-from agent.report import Applied, CycleReport, Realized
+from agent.export.kubestatus import PREFIX, status_input
+from agent.export.report import Applied, CycleReport, Realized
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import CollectorStatus, Container, ContainerSample, Plan, Snapshot
 from perfbalance.topology import synthetic

@@ -13,7 +13,7 @@ import yaml
 from kube_api import NODE, KubeServer
 from test_status_writer import move, status, writer
 
-from agent.kubestatus import NodeWatch, StatusOptions
+from agent.export.kubestatus import NodeWatch, StatusOptions
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPONENT = {"events": "status-events", "node_conditions": "status-node", "extended_resources": "status-node",

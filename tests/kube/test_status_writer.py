@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from kube_api import NODE, Fault, KubeServer
 
-from agent.kubestatus import (
+from agent.export.kubestatus import (
     CONFIG_VALID, READY, ClientTransport, EventAggregator, EventSpec, StatusInput, StatusOptions, StatusWriter,
     node_facts,
 )
-from agent.podmeta import ApiEndpoint, KubeClient
+from agent.discover.podmeta import ApiEndpoint, KubeClient
 
 
 class Clock:

@@ -6,7 +6,7 @@ server on their SMT siblings 4-5 (so fully contaminated), and a memory-hungry da
 
 from __future__ import annotations
 
-from agent.report import AgentState, Applied, CycleReport, Realized
+from agent.export.report import AgentState, Applied, CycleReport, Realized
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, CollectorStatus, Container, ContainerSample, Plan, Snapshot
 from perfbalance.topology import synthetic

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from agent.exporter import make_registry
+from agent.export.prometheus import make_registry
 from ops_servers import PROMTOOL
 
 REPO = Path(__file__).resolve().parents[2]

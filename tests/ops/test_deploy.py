@@ -15,8 +15,8 @@ import yaml
 from prometheus_client import generate_latest
 
 from agent.config import parse_config
-from agent.exporter import make_registry
-from agent.http import parse_listen
+from agent.export.prometheus import make_registry
+from agent.export.http import parse_listen
 from ops_servers import PROMTOOL
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -10,8 +10,8 @@ import ops_synth as s
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exporter import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
-from agent.report import AgentState
+from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
+from agent.export.report import AgentState
 from perfbalance.model import ContainerSample
 from resctrl.metrics import ClassUsage
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import ops_synth as s
 import pytest
 
-from agent.http import NodeServer, parse_listen, serve_http
-from agent.report import AgentState
+from agent.export.http import NodeServer, parse_listen, serve_http
+from agent.export.report import AgentState
 from perfbalance.errors import ConfigError
 
 
@@ -137,7 +137,7 @@ def test_bad_listen_addresses_are_rejected(text: str) -> None:
 
 def test_server_starts_from_the_agent_config(state: AgentState) -> None:
     from agent.config import parse_config
-    from agent.http import serve_from_config, stale_after
+    from agent.export.http import serve_from_config, stale_after
     cfg = parse_config("agent: {interval_seconds: 20}\nmetrics: {listen: '127.0.0.1:0', node_view: false}",
                        source="t", node="n")
     srv = serve_from_config(state, cfg)

@@ -9,8 +9,8 @@ import ops_synth as s
 import pytest
 
 from agent.config import MqttSection
-from agent.mqtt import MqttPublisher, read_secret, topics
-from agent.report import Realized
+from agent.export.mqtt import MqttPublisher, read_secret, topics
+from agent.export.report import Realized
 from perfbalance.errors import ConfigError
 from ops_servers import free_port
 
@@ -66,14 +66,14 @@ def test_unconfigured_publisher_queues_nothing_and_says_so(caplog: pytest.LogCap
         await asyncio.wait_for(task, 5)
         assert len(pub._queue) == 0 and pub.state.extra["mqtt"]["configured"] == 0
 
-    with caplog.at_level(logging.INFO, logger="agent.mqtt"):
+    with caplog.at_level(logging.INFO, logger="agent.export.mqtt"):
         asyncio.run(go())
     assert sum("not configured" in r.message for r in caplog.records) == 1
 
 
 async def test_unreachable_broker_is_retried_logged_once_and_events_wait(caplog: pytest.LogCaptureFixture) -> None:
     pub = publisher()
-    caplog.set_level(logging.WARNING, logger="agent.mqtt")
+    caplog.set_level(logging.WARNING, logger="agent.export.mqtt")
     task = asyncio.create_task(pub.run(), name="mqtt")
     pub.publish(s.applied())
     for _ in range(200):

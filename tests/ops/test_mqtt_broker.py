@@ -16,7 +16,7 @@ import ops_synth as s
 import pytest
 
 from agent.config import MqttSection
-from agent.mqtt import MqttPublisher
+from agent.export.mqtt import MqttPublisher
 from ops_servers import MOSQUITTO, Mosquitto
 
 pytestmark = pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto not installed")
@@ -127,8 +127,8 @@ async def test_clean_stop_marks_the_node_offline(sub: Subscriber, pub: MqttPubli
 AGENT = """
 import asyncio, sys
 from agent.config import MqttSection
-from agent.mqtt import MqttPublisher
-from agent.report import AgentState
+from agent.export.mqtt import MqttPublisher
+from agent.export.report import AgentState
 async def main():
     pub = MqttPublisher(MqttSection(enabled=True, host="127.0.0.1", port=int(sys.argv[1]), keepalive_seconds=5), "node-a", AgentState(node="node-a"))
     await pub.run()

@@ -13,7 +13,7 @@ from pathlib import Path
 import ops_synth as s
 import pytest
 
-from agent.http import NodeServer, serve_http
+from agent.export.http import NodeServer, serve_http
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

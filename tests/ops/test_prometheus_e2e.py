@@ -21,8 +21,8 @@ import ops_synth as s
 import pytest
 import yaml
 
-from agent.http import NodeServer, serve_http
-from agent.report import AgentState
+from agent.export.http import NodeServer, serve_http
+from agent.export.report import AgentState
 from ops_servers import PROMETHEUS, Prometheus
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "perfbalance.rules.yaml"

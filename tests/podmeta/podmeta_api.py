@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent.podmeta import ApiEndpoint, KubeClient
+from agent.discover.podmeta import ApiEndpoint, KubeClient
 
 PODS_DIR = Path(__file__).resolve().parents[1] / "data" / "pods"
 NODE = "worker-a1"

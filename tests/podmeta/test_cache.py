@@ -12,7 +12,7 @@ import logging
 import pytest
 from podmeta_api import NODE, Answer, FakeApi, FakeClock, pod_list, status_body
 
-from agent.podmeta import KubeClient, PodMetadata
+from agent.discover.podmeta import KubeClient, PodMetadata
 from perfbalance.model import Container
 
 WEB_UID = "3f2b6c1e-8a4d-4b7e-9c15-2d6e0a1b7f93"
@@ -104,7 +104,7 @@ def test_recovery_resets_the_backoff(api: FakeApi, meta, clock):
 
 
 def test_each_distinct_error_is_logged_once(api: FakeApi, meta, clock, caplog):
-    caplog.set_level(logging.WARNING, logger="agent.podmeta")
+    caplog.set_level(logging.WARNING, logger="agent.discover.podmeta")
     api.answer = Answer(status=500, body=status_body(500, "InternalError", "boom"))
     for _ in range(5):
         meta.refresh()
@@ -130,7 +130,7 @@ def test_enrich_never_raises_when_the_api_is_down(api: FakeApi, meta):
 
 
 def test_unusable_pod_object_is_logged_once_not_every_refresh(api: FakeApi, meta, clock, caplog):
-    caplog.set_level(logging.WARNING, logger="agent.podmeta")
+    caplog.set_level(logging.WARNING, logger="agent.discover.podmeta")
     body = json.loads(pod_list())
     del body["items"][0]["metadata"]["uid"]
     api.answer = Answer(body=json.dumps(body).encode())

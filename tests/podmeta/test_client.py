@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from podmeta_api import NODE, Answer, FakeApi, pod_list, status_body, write_token_dir
 
-from agent.podmeta import ApiEndpoint, KubeApiError, KubeClient, endpoint_from_env
+from agent.discover.podmeta import ApiEndpoint, KubeApiError, KubeClient, endpoint_from_env
 from perfbalance.errors import ParseError
 
 WEB_UID = "3f2b6c1e-8a4d-4b7e-9c15-2d6e0a1b7f93"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from podmeta_api import NODE, FakeApi
 
-from agent.discovery import discover
-from agent.podmeta import KubeClient, PodMetadata
-from collectors.cgroupfs import Cgroupfs
+from agent.discover.containers import discover
+from agent.discover.podmeta import KubeClient, PodMetadata
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.model import KubeletState
 
 CG = {"cgroup.procs": "", "cpu.weight": "100\n", "cpu.max": "max 100000\n",

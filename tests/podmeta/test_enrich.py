@@ -9,7 +9,7 @@ import pytest
 from podmeta_api import pod, pod_list
 
 from agent.config import parse_config
-from agent.podmeta import (EnrichOptions, PodInfo, container_id, enrich, options_from_config,
+from agent.discover.podmeta import (EnrichOptions, PodInfo, container_id, enrich, options_from_config,
                            parse_pod, parse_pod_list)
 from perfbalance.errors import ParseError
 from perfbalance.model import Container

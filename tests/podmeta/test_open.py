@@ -10,7 +10,7 @@ import pytest
 from podmeta_api import NODE, Answer, FakeApi, status_body
 
 from agent.config import Config, parse_config
-from agent.podmeta import KubeClient, open_pod_metadata, reconfigure
+from agent.discover.podmeta import KubeClient, open_pod_metadata, reconfigure
 from perfbalance.errors import ConfigError, FeatureUnavailable
 
 WEB_UID = "3f2b6c1e-8a4d-4b7e-9c15-2d6e0a1b7f93"
@@ -73,7 +73,7 @@ def test_api_on_in_cluster_lists_at_startup(api: FakeApi, token_file: Path):
 
 
 def test_api_auto_outside_a_cluster_is_off_without_error(caplog):
-    caplog.set_level(logging.INFO, logger="agent.podmeta")
+    caplog.set_level(logging.INFO, logger="agent.discover.podmeta")
     assert open_pod_metadata(config("auto"), node=NODE, env={}) is None
     assert "KUBERNETES_SERVICE_HOST is not set" in caplog.text
 

@@ -17,12 +17,8 @@ from perfbalance.topology import synthetic
 from rebalancer import RebalancerConfig, plan
 from rebalancer.state import PlannerState
 
-try:  # after the architecture move
-    from agent.bench import scenarios as sc
-    from agent.bench.sim import MIB, Node, Workload, snapshot
-except ImportError:  # the tree before it (scripts/plan_golden.py runs against both)
-    from rebalancer import scenarios as sc  # type: ignore[no-redef]
-    from rebalancer.sim import MIB, Node, Workload, snapshot  # type: ignore[no-redef]
+from agent.bench import scenarios as sc
+from agent.bench.sim import MIB, Node, Workload, snapshot
 
 SKYLAKE = "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz"
 RANDOM_SEEDS = tuple(range(12))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from rebalancer.scenarios import avx512_large
-from rebalancer.sim import snapshot
+from agent.bench.scenarios import avx512_large
+from agent.bench.sim import snapshot
 
 
 def saved(tmp_path: Path, name: str = "snap.json") -> Path:

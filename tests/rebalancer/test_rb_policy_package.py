@@ -16,7 +16,7 @@ EXAMPLE = REPO / "examples" / "quiet-policy"
 PROBE = """
 import json, sys
 from rebalancer import RebalancerConfig, registry
-from agent.planning import PolicyRunner
+from agent.plan.runner import PolicyRunner
 from perfbalance.model import Snapshot
 snap = Snapshot.loads(sys.stdin.read())
 cfg = RebalancerConfig(policy="quiet", policies={"quiet": {"housekeeping_cpus": "0", "idle_cycles": 2}})

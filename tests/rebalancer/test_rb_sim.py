@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from perfbalance.topology import synthetic
-from rebalancer import scenarios as sc
-from rebalancer.sim import GIB, MIB, Node, Workload, simulate
+from agent.bench import scenarios as sc
+from agent.bench.sim import GIB, MIB, Node, Workload, simulate
 
 from rb_builders import topo
 

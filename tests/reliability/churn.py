@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 
 CONTROLLERS = ("cpuset", "cpu", "cpuacct")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint import (FILE_NAME, VERSION, Checkpoint, CheckpointData, CheckpointError, PendingMove,
+from agent.persist.checkpoint import (FILE_NAME, VERSION, Checkpoint, CheckpointData, CheckpointError, PendingMove,
                               Placement, dumps, live_placements, parse_checkpoint, planner_seed, recover)
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container, KubeletState
@@ -174,7 +174,7 @@ def test_parse_roundtrip() -> None:
 
 WRITER = """
 import sys
-from agent.checkpoint import Checkpoint
+from agent.persist.checkpoint import Checkpoint
 ck = Checkpoint(sys.argv[1], node="n")
 i = 0
 print("ready", flush=True)

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from churn import Churn, ProcSample, dead_keys, hash_map_entries, keys_among, proc_sample, scrape, series_total, series_with
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 
 REPO = Path(__file__).resolve().parents[2]
 PERFBALANCE = str(REPO / ".venv" / "bin" / "perfbalance")

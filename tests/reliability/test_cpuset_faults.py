@@ -12,9 +12,9 @@ import errno
 
 import pytest
 
-from agent.cpuset_actuator import CpusetActuator
-from agent.sysfs import read_topology
-from collectors.cgroupfs import Cgroupfs
+from agent.act.cpuset import CpusetActuator
+from agent.discover.sysfs import read_topology
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import CpusetError
 from perfbalance.model import Container, KubeletState

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from agent import discovery, kubelet, sysfs
 from agent.config import parse_config
 from collectors import archstatus
-from collectors import cgroupfs as cg
+from perfbalance import cgroupfs as cg
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.model import Snapshot

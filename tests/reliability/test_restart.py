@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import fakecg
-from agent.checkpoint import Checkpoint, recover
-from agent.cpuset_actuator import CpusetActuator
-from collectors.cgroupfs import CgroupPathRefused, Cgroupfs
+from agent.persist.checkpoint import Checkpoint, recover
+from agent.act.cpuset import CpusetActuator
+from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container, KubeletState
 from perfbalance.topology import synthetic

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fakecg
-from collectors.cgroupfs import CgroupfsError, CgroupPathRefused, Cgroupfs
+from perfbalance.cgroupfs import CgroupfsError, CgroupPathRefused, Cgroupfs
 from perfbalance import safefs
 from perfbalance.safefs import SafeTree, UnsafePath
 

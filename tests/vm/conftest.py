@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import VmSection
-from agent.vmm import VmSandboxes
-from collectors.cgroupfs import Cgroupfs
+from agent.discover.vmm import VmSandboxes
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Container
 

@@ -68,7 +68,7 @@ def test_pin_to_an_offline_cpu_is_rejected():
 
 
 def test_captured_four_node_host():
-    sysfs = pytest.importorskip("agent.sysfs")
+    sysfs = pytest.importorskip("agent.discover.sysfs")
     topo = sysfs.read_topology(str(CAPTURED))
     node_of = {n: cpus for n, cpus in topo.nodes().items()}
     pins = {0: min(node_of[0]), 1: min(node_of[2]), 2: max(node_of[2]), 3: min(node_of[3])}

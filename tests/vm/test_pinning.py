@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.report import CycleReport
+from agent.export.report import CycleReport
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import KubeletState, Plan, Snapshot
 from perfbalance.topology import synthetic
@@ -84,7 +84,7 @@ def test_vcpu_map_fits_the_run_json_line(pod, sandboxes):
 
 def test_without_pinning_the_dedicated_container_floats_over_the_mask(pod, cg):
     from agent.config import VmSection
-    from agent.vmm import VmSandboxes
+    from agent.discover.vmm import VmSandboxes
     sandboxes = VmSandboxes(config=VmSection(pin_exclusive=False), cgroupfs=cg)
     vmm = pod.spawn(*QEMU)
     containers, kubelet = place(pod, dedicated="1", shared="0")

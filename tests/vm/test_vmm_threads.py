@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.config import VmSection
-from agent.vmm import classify, compile_patterns, vcpu_index
+from agent.discover.vmm import classify, compile_patterns, vcpu_index
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import KubeletState
 from tests.vm.conftest import ALL, CLOUD_HYPERVISOR, QEMU

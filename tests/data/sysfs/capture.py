@@ -1,4 +1,4 @@
-"""Copy the sysfs files agent/sysfs.py reads from a live host into a fixture tree.
+"""Copy the sysfs files agent/discover/sysfs.py reads from a live host into a fixture tree.
 
     python tests/data/sysfs/capture.py /sys tests/data/sysfs/thismachine
 

@@ -27,8 +27,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from agent.config import Config
-from agent.exporter import make_registry, state_json
-from agent.report import AgentState
+from agent.export.prometheus import make_registry, state_json
+from agent.export.report import AgentState
 from perfbalance.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.config import Config
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from collectors.resctrl_mon import ResctrlMonCollector
 from perfbalance.errors import ResctrlError
 from perfbalance.host import HostPaths

@@ -10,7 +10,7 @@ Strategies, each ending in a placement the simulator scores:
   NUMA nodes for the bandwidth scenario) respecting the constraints; None when too large.
 
 Victim slowdown = 1 - mean performance of the containers marked `victim`; throughput = sum of
-every container's performance (1.0 = as fast as alone). Pure functions; `agent/bench_plan.py`
+every container's performance (1.0 = as fast as alone). Pure functions; `agent/bench/plan.py`
 times and prints them.
 """
 
@@ -27,7 +27,7 @@ from perfbalance.topology import Topology, synthetic
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import requests_fit
 from rebalancer.planner import plan
-from rebalancer.sim import GIB, MIB, Node, Workload, simulate, snapshot
+from agent.bench.sim import GIB, MIB, Node, Workload, simulate, snapshot
 from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.config import Config, load_config, node_name
-from agent.parts import host_paths
+from agent.wiring import host_paths
 from perfbalance.errors import ConfigError
 from perfbalance.host import HostPaths
 from perfbalance.settings import to_dict
@@ -92,7 +92,7 @@ def resctrl(host: HostPaths) -> dict[str, Any]:
 
 
 def cgroup(host: HostPaths) -> dict[str, Any]:
-    from collectors.cgroupfs import Cgroupfs
+    from perfbalance.cgroupfs import Cgroupfs
 
     cg = Cgroupfs(root=host.cgroup)
     ctl = cg.controllers()
@@ -103,7 +103,7 @@ def cgroup(host: HostPaths) -> dict[str, Any]:
 
 
 def kubelet(host: HostPaths) -> dict[str, Any]:
-    from agent.kubelet import read_cpu_manager_state, state_path
+    from agent.discover.kubelet import read_cpu_manager_state, state_path
 
     path = state_path(host.kubelet)
     if not os.path.exists(path):

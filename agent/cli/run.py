@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from agent.instance import InstanceLock, setup_logging
+    from agent.persist.instance import InstanceLock, setup_logging
     from agent.loop import Agent
 
     node = args.node or node_name()

@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from agent.config import Config, load_config, node_name
-from agent.report import CycleReport
-from collectors.cgroupfs import Cgroupfs
+from agent.export.report import CycleReport
+from perfbalance.cgroupfs import Cgroupfs
 
 DEMO_BASE = "perfbalance-demo"
 ASSUMED_LICENSE_LOSS = 0.2
@@ -129,7 +129,7 @@ def demo_config(base: Config, *, run_dir: str, interval: float) -> tuple[Config,
 
 
 def _cpu_model() -> str:
-    from agent.sysfs import parse_cpu_model
+    from agent.discover.sysfs import parse_cpu_model
 
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

@@ -57,7 +57,7 @@ class HostSection:
 
 
 def _globs(value: Any) -> str | None:
-    from agent.discovery import check_glob  # lazy: discovery is not needed to parse a config
+    from agent.discover.containers import check_glob  # lazy: discovery is not needed to parse a config
 
     for g in value:
         try:

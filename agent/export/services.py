@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import Config
-from agent.http import NodeServer, serve_from_config
-from agent.mqtt import MqttPublisher
-from agent.report import AgentState, CycleReport
+from agent.export.http import NodeServer, serve_from_config
+from agent.export.mqtt import MqttPublisher
+from agent.export.report import AgentState, CycleReport
 from perfbalance.errors import ConfigError
 
 log = logging.getLogger("perfbalance.services")

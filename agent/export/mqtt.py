@@ -28,8 +28,8 @@ from typing import Any
 import aiomqtt
 
 from agent.config import MqttSection
-from agent.exporter import display_name, json_safe, reason_code
-from agent.report import AgentState, Applied, Realized
+from agent.export.prometheus import display_name, json_safe, reason_code
+from agent.export.report import AgentState, Applied, Realized
 from perfbalance import __version__
 from perfbalance.errors import ConfigError
 

@@ -13,15 +13,15 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from agent import podmeta
+from agent.discover import podmeta
 from agent.config import Config
-from agent.discovery import discover
-from agent.kubelet import KubeletStateReader
-from agent.resctrl_glue import RdtNode
-from agent.report import AgentState
-from agent.sysfs import read_topology
+from agent.discover.containers import discover
+from agent.discover.kubelet import KubeletStateReader
+from agent.act.rdt import RdtNode
+from agent.export.report import AgentState
+from agent.discover.sysfs import read_topology
 from collectors.base import Collector
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -64,7 +64,7 @@ class Parts:
 
     # -- construction ---------------------------------------------------------------------
     def _make_collectors(self) -> None:
-        from agent.collector_set import make_collectors
+        from agent.snapshot.collectors import make_collectors
 
         self.collectors = make_collectors(self.config, self.host, self.cgfs, self.topology)
         self.collectors.append(self.resctrl.collector)
@@ -73,21 +73,21 @@ class Parts:
             self._log_status(c.name, status)
 
     def _make_cpuset_actuator(self) -> Any:
-        from agent.cpuset_actuator import CpusetActuator
+        from agent.act.cpuset import CpusetActuator
 
         return CpusetActuator(self.cgfs, reserved=self.unusable_cpus(), kubelet=self.kubelet,
                               topology=self.topology, allow_isolated=self.config.cpuset.allow_isolated,
                               reassert_drift=self.config.cpuset.reassert_drift)
 
     def _make_resctrl(self) -> RdtNode:
-        from agent.resctrl_glue import make_resctrl
+        from agent.act.rdt import make_resctrl
 
         return make_resctrl(self.config, self.host, self.cgfs, source=self.config_source)
 
     def _make_vms(self) -> Any:
         if not self.config.vm.enabled:
             return None
-        from agent.vmm import VmSandboxes
+        from agent.discover.vmm import VmSandboxes
 
         return VmSandboxes(config=self.config.vm, procfs_root=self.config.host.procfs_root,
                            cgroupfs=self.cgfs)
@@ -159,7 +159,7 @@ class Parts:
             for cid, metrics in got.items():
                 if cid in merged:
                     merged[cid].update(metrics)
-        from agent.collector_set import derive
+        from agent.snapshot.collectors import derive
 
         for cid, metrics in merged.items():
             metrics.update(derive(metrics))
@@ -232,7 +232,7 @@ def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) ->
 
 def mark_sandboxed(containers: Sequence[Container], vm_pods: set[str]) -> list[Container]:
     """Containers of pods where a VMM runs get `sandbox="vm"` unless pod metadata named the kind."""
-    from agent.vmm import pod_key
+    from agent.discover.vmm import pod_key
 
     return [dataclasses.replace(c, sandbox="vm") if not c.sandbox and pod_key(c) in vm_pods else c
             for c in containers]

@@ -15,12 +15,12 @@ from perfbalance import __version__
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("agent.run_cmd", "run the agent: collect -> plan -> act cycles"),
-    "doctor": ("agent.doctor", "what this node offers and what the agent will use"),
-    "plan": ("agent.plan_cmd", "run the planner on a saved snapshot and explain the plan"),
-    "demo": ("agent.demo", "start demo workloads in real cgroups and show the agent at work"),
-    "bench": ("agent.bench", "measure collection cost and decision quality"),
-    "config": ("agent.config_cmd", "validate a config file or print the configuration reference"),
+    "run": ("agent.cli.run", "run the agent: collect -> plan -> act cycles"),
+    "doctor": ("agent.cli.doctor", "what this node offers and what the agent will use"),
+    "plan": ("agent.cli.plan", "run the planner on a saved snapshot and explain the plan"),
+    "demo": ("agent.cli.demo", "start demo workloads in real cgroups and show the agent at work"),
+    "bench": ("agent.cli.bench", "measure collection cost and decision quality"),
+    "config": ("agent.cli.config", "validate a config file or print the configuration reference"),
 }
 
 

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from collectors.cgroupfs import GONE_ERRNOS, CgroupfsError, Cgroupfs, check_rel
+from perfbalance.cgroupfs import GONE_ERRNOS, CgroupfsError, Cgroupfs, check_rel
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, CpusetError, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import Container, KubeletState
@@ -164,7 +164,7 @@ class CpusetActuator:
         return dict(self._applied)
 
     def adopt(self, placements: Mapping[str, tuple[str, CpuSet, CpuSet]]) -> int:
-        """After a restart: take back what an earlier run applied (from agent.checkpoint), so
+        """After a restart: take back what an earlier run applied (from agent.persist.checkpoint), so
         drift detection goes on. Only containers the last discovery matched in the same cgroup
         (and not owned by the kubelet) are adopted; returns how many."""
         n = 0

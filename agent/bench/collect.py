@@ -27,7 +27,7 @@ from typing import Any
 
 from collectors import bpfenv, perf
 from collectors.avx512 import Avx512Collector
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import Avx512Config, PerfConfig
 from perfbalance.host import HostPaths

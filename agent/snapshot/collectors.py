@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from agent.config import Config
 from collectors.avx512 import Avx512Collector
 from collectors.base import Collector
-from collectors.cgroupfs import Cgroupfs
+from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.perf import make_collector as make_perf_collector
 from collectors.resctrl_mon import with_bandwidth_estimate

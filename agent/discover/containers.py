@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from collectors import cgroupfs as cg
-from collectors.cgroupfs import Cgroupfs, CgroupfsError
+from perfbalance import cgroupfs as cg
+from perfbalance.cgroupfs import Cgroupfs, CgroupfsError
 from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError

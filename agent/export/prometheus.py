@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from agent.report import AgentState, Applied, CycleReport, Realized
+from agent.export.report import AgentState, Applied, CycleReport, Realized
 from perfbalance import __version__
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import ContainerSample, Snapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-TARGETS = {"collect": "agent.bench_collect", "plan": "agent.bench_plan"}
+TARGETS = {"collect": "agent.bench.collect", "plan": "agent.bench.plan"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """`perfbalance bench plan`: decision quality and planning time, measured on the node simulator.
 
-For every scenario of rebalancer.scenarios it scores four strategies (no rebalancing, the
+For every scenario of agent.bench.scenarios it scores four strategies (no rebalancing, the
 placement-only AVX-512 tag, perfbalance in closed loop, the exhaustive optimum where feasible),
 then checks the goals of issue 4: within 5 % of the optimum, >= 90 % of the avoidable AVX-512
 slowdown removed, no ping-pong over 10,000 noisy cycles, a 1000-container / 256-CPU plan in
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from rebalancer import RebalancerConfig, plan
-from rebalancer import scenarios as sc
+from agent.bench import scenarios as sc
 
 AVX_SCENARIOS = ("avx512_vs_scalar_small", "avx512_vs_scalar", "kubelet_static", "churn")
 

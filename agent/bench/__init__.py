@@ -1,0 +1,1 @@
+"""Benchmarks: the node simulator, its scenarios, and what `perfbalance bench` measures."""

@@ -1,0 +1,1 @@
+"""Who runs where: containers in cgroupfs, the kubelet's CPUs, sysfs topology, pod metadata, VMM threads."""

@@ -1,0 +1,1 @@
+"""Collectors -> one Snapshot per sample window."""
