@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import fakecg
-from agent import discovery as d
+from agent.discover import containers as d
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError

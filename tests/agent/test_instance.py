@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import instance
+from agent.persist import instance
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import kubelet
+from agent.discover import kubelet
 from perfbalance.cpuset import CpuSet
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kubelet"

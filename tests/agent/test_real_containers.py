@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import discovery, kubelet
+from agent.discover import containers as discovery, kubelet
 from agent.act.cpuset import CpusetActuator, CpusetRefused
 from agent.discover.sysfs import read_topology
 from perfbalance.cgroupfs import Cgroupfs

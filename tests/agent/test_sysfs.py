@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import sysfs
+from agent.discover import sysfs
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import FeatureUnavailable, ParseError
 

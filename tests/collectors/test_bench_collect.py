@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent import bench_collect
+from agent.bench import collect as bench_collect
 from perfbalance.host import HostPaths
 
 

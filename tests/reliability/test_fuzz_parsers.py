@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import discovery, kubelet, sysfs
+from agent.discover import containers as discovery, kubelet, sysfs
 from agent.config import parse_config
 from collectors import archstatus
 from perfbalance import cgroupfs as cg
