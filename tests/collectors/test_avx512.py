@@ -81,6 +81,7 @@ def bpf_collector(host: HostPaths, cgroups: Cgroups):  # type: ignore[no-untyped
 
 @pytest.mark.root
 @pytest.mark.bpf
+@pytest.mark.avx512
 def test_numpy_exp_loop_is_classified_avx512_heavy(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
     # The two share one CPU, as on a contended node: time slices make the context switches whose
     # saved FPU state the tracepoint reads. (Alone on an idle CPU a busy loop is barely switched
@@ -93,6 +94,7 @@ def test_numpy_exp_loop_is_classified_avx512_heavy(bpf_collector: Avx512Collecto
 
 @pytest.mark.root
 @pytest.mark.bpf
+@pytest.mark.avx512
 def test_shell_busy_loop_is_evex256_but_not_avx512(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
     m = collect_around(bpf_collector, cgroups, {"sh": bounded(SH_BUSY, 2)})["sh"]
     assert m["evex256_ratio"] > 0 and m["fpu_switches_per_second"] > 0, m
@@ -101,6 +103,7 @@ def test_shell_busy_loop_is_evex256_but_not_avx512(bpf_collector: Avx512Collecto
 
 @pytest.mark.root
 @pytest.mark.bpf
+@pytest.mark.avx512
 def test_pid_keyed_program_maps_processes_to_their_container(host: HostPaths, cgroups: Cgroups) -> None:
     col = Avx512Collector(config=CFG, host=host, cgroupfs=cgroups.fs, pid_keys=True)
     try:
@@ -161,6 +164,7 @@ def test_without_headers_bpf_only_source_is_down_with_the_reason(no_headers_host
 
 
 @pytest.mark.root
+@pytest.mark.avx512
 def test_without_bpf_auto_falls_back_to_the_coarse_arch_status_signal(no_headers_host: HostPaths, cgroups: Cgroups) -> None:
     col = Avx512Collector(config=CFG, host=no_headers_host, cgroupfs=cgroups.fs)
     st = col.start()

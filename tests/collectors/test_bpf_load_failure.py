@@ -73,6 +73,7 @@ def test_avx512_bpf_only_is_down_quoting_the_compiler_error(host: HostPaths, cgr
     assert col.collect([cgroups.new("x")], time.time()) == {}
 
 
+@pytest.mark.avx512
 def test_avx512_auto_falls_back_to_arch_status_quoting_the_verifier(host: HostPaths, cgroups: Cgroups, broken) -> None:  # type: ignore[no-untyped-def]
     broken(VERIFIER_REFUSES)
     col = Avx512Collector(config=Avx512Config(), host=host, cgroupfs=cgroups.fs)
@@ -112,6 +113,7 @@ resctrl: {{rdt: off}}
 """
 
 
+@pytest.mark.avx512
 async def test_agent_keeps_cycling_with_every_bpf_program_broken(cgroups: Cgroups, broken, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from agent.config import parse_config  # noqa: PLC0415 (the agent is only this test's concern)
     from agent.loop import Agent  # noqa: PLC0415

@@ -59,6 +59,7 @@ async def test_config_turning_invalid_at_run_time_keeps_the_last_good_one(demo_w
     assert agent.state.config_reloads_total["invalid"] == 1 and agent.state.config_reloads_total["ok"] == 1
 
 
+@pytest.mark.avx512
 async def test_container_exiting_between_plan_and_act_is_reported_not_fatal(demo_workloads, write_config, cgfs):
     killed: list[str] = []
 
@@ -144,6 +145,7 @@ def test_sigterm_stops_cleanly_within_the_grace_period(write_config):
     assert lock.parent.is_dir()
 
 
+@pytest.mark.avx512
 async def test_a_permanently_failing_move_backs_off_instead_of_retrying_every_cycle(demo_workloads, write_config):
     import errno as _errno
 

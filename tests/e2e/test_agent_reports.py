@@ -54,6 +54,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.communicate()
 
 
+@pytest.mark.avx512
 async def test_real_rebalance_events_reach_mosquitto(demo_workloads, write_config, tmp_path):
     broker = Mosquitto(tmp_path).start()
     cfg = write_config({"mqtt": {"enabled": True, "host": "127.0.0.1", "port": broker.port}})
@@ -95,6 +96,7 @@ def _api(prom: Prometheus, path: str, **params: str) -> dict:
         return json.load(r)["data"]
 
 
+@pytest.mark.avx512
 def test_real_rebalance_is_scraped_and_fires_the_moved_alert(demo_workloads, write_config, tmp_path):
     port = free_port()
     cfg = write_config({"metrics": {"listen": f"127.0.0.1:{port}"}})

@@ -40,6 +40,7 @@ def test_half_done_move_is_finished_after_a_crash(demo_workloads, write_config, 
     assert again.placed[(f"{base}:scalar", "cpuset")].value == "1"
 
 
+@pytest.mark.avx512
 def test_no_thrash_after_sigkill_and_restart(demo_workloads, write_config):
     cfg = write_config({"rebalancer": {"dwell_seconds": 30.0}})
     first = subprocess.Popen([PERFBALANCE, "run", "--config", str(cfg), "--interval", "1", "--json"],

@@ -15,6 +15,7 @@ def _lines(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.avx512
 def test_avx512_workload_is_islanded_away_from_scalar_work(demo_workloads, write_config, base):
     cfg = write_config()
     res = run_agent("run", "--config", str(cfg), "--cycles", "3", "--interval", "1", "--json")
@@ -35,6 +36,7 @@ def test_avx512_workload_is_islanded_away_from_scalar_work(demo_workloads, write
     assert "AVX-512" in first["reason"]
 
 
+@pytest.mark.avx512
 def test_run_json_lines_have_the_documented_keys(demo_workloads, write_config, base):
     res = run_agent("run", "--config", str(write_config()), "--cycles", "1", "--interval", "1",
                     "--json", "--dry-run")
@@ -50,6 +52,7 @@ def test_run_json_lines_have_the_documented_keys(demo_workloads, write_config, b
     assert c["metrics"]["cpu_usage_cores"] > 0.05
 
 
+@pytest.mark.avx512
 def test_dry_run_plans_but_moves_nothing(demo_workloads, write_config):
     res = run_agent("run", "--config", str(write_config()), "--cycles", "3", "--interval", "1",
                     "--json", "--dry-run")

@@ -14,6 +14,7 @@ from tests.e2e.conftest import run_agent
 pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
 
 
+@pytest.mark.avx512
 def test_demo_islands_the_avx512_workload_and_cleans_up():
     res = run_agent("demo", "--seconds", "20", "--interval", "1", timeout=240)
     assert res.returncode == 0, res.stderr
