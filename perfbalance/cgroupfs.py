@@ -832,3 +832,12 @@ def weight_from_shares(shares: int) -> int:
 
 def flat_mapping(m: Mapping[str, int]) -> str:
     return "\n".join(f"{k} {v}" for k, v in m.items())
+
+
+def check_glob(pattern: str) -> list[str]:
+    """A discovery glob -> its path elements; '..', '.' and empty patterns are refused."""
+    parts = [p for p in pattern.strip().strip("/").split("/") if p]
+    if not parts or any(p in (".", "..") or p == "**" for p in parts):
+        raise ParseError("discovery glob", pattern, "must be a relative path of name patterns "
+                         "(no '.', '..' or '**')")
+    return parts

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from collectors.config import CollectorsConfig
+from perfbalance.cgroupfs import check_glob
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.settings import build, setting
@@ -57,8 +58,6 @@ class HostSection:
 
 
 def _globs(value: Any) -> str | None:
-    from agent.discover.containers import check_glob  # lazy: discovery is not needed to parse a config
-
     for g in value:
         try:
             check_glob(g)

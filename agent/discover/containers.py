@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from perfbalance import cgroupfs as cg
-from perfbalance.cgroupfs import Cgroupfs, CgroupfsError
+from perfbalance.cgroupfs import Cgroupfs, CgroupfsError, check_glob
 from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError
@@ -154,15 +154,6 @@ def find_kubernetes(cgfs: Cgroupfs, ctl: str | None) -> list[Found]:
                     out.append(Found(rel=f"{pod_rel}/{name}", id=parsed[0], runtime=parsed[1],
                                      pod_uid=uid, qos=qos))
     return out
-
-
-def check_glob(pattern: str) -> list[str]:
-    """A discovery glob -> its path elements; '..', '.' and empty patterns are refused."""
-    parts = [p for p in pattern.strip().strip("/").split("/") if p]
-    if not parts or any(p in (".", "..") or p == "**" for p in parts):
-        raise ParseError("discovery glob", pattern, "must be a relative path of name patterns "
-                         "(no '.', '..' or '**')")
-    return parts
 
 
 def _glob(cgfs: Cgroupfs, ctl: str | None, base: str, parts: list[str]) -> Iterator[str]:

@@ -141,7 +141,7 @@ def test_discovery_name_parsers(name: str) -> None:
     ctr = discovery.parse_container_dir(name)
     if ctr is not None:
         assert "/" not in ctr[0] and ctr[0] not in (".", "..")
-    only(ParseError, discovery.check_glob, name)
+    only(ParseError, cg.check_glob, name)
 
 
 # -- kubelet cpu_manager_state -----------------------------------------------------------------
