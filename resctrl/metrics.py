@@ -40,9 +40,9 @@ class ResctrlMetrics:
     degraded: Mapping[str, str] = field(default_factory=dict)
 
     def node_metrics(self) -> dict[str, float]:
-        """Flat node-level numbers for Snapshot.node_metrics."""
-        out = {"resctrl_num_closids": float(self.num_closids), "resctrl_free_closids": float(self.free_closids),
-               "resctrl_num_rmids": float(self.num_rmids), "resctrl_free_rmids": float(self.free_rmids),
+        """Flat node-level numbers for Snapshot.node_metrics, named as the exporter and node status read them."""
+        out = {"resctrl_closids_total": float(self.num_closids), "resctrl_closids_free": float(self.free_closids),
+               "resctrl_rmids_total": float(self.num_rmids), "resctrl_rmids_free": float(self.free_rmids),
                "resctrl_degraded_classes": float(len(self.degraded))}
         return out
 

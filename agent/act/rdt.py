@@ -87,9 +87,7 @@ class RdtNode:
         cm = self.collector.class_metrics
         if cm is None:
             return {}
-        return {"resctrl_closids_free": cm.free_closids, "resctrl_closids_total": cm.num_closids,
-                "resctrl_rmids_free": cm.free_rmids, "resctrl_rmids_total": cm.num_rmids,
-                "resctrl_classes": dict(cm.classes), "resctrl_monitoring": cm.monitoring}
+        return {**cm.node_metrics(), "resctrl_classes": dict(cm.classes), "resctrl_monitoring": cm.monitoring}
 
     def close(self) -> None:
         self.collector.close()

@@ -184,7 +184,7 @@ def facts_of(snap: Any, config: Any, extra: Mapping[str, Any]) -> NodeFacts:
     mode = "nri" if nri is not None and getattr(nri, "enabled", False) else "cgroupfs"
     idx = TopoIndex.build(snap.topology)
     island = len(idx.full_cores_within(shareable(snap))) if loss > 0 else 0
-    free = extra.get("resctrl_closids_free")
+    free = extra.get("resctrl_closids_free", snap.node_metrics.get("resctrl_closids_free"))
     return node_facts(license_loss=loss, avx512=bool(avx is not None and avx.up), rdt=bool(rdt is not None and rdt.up),
                       rdt_classes=sorted(classes), blockio_classes=sorted(blockio), mode=mode,
                       closids_free=int(free) if isinstance(free, (int, float)) and rdt is not None and rdt.up else None,

@@ -10,6 +10,7 @@ from agent.export.report import Applied, CycleReport, Realized
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import CollectorStatus, Container, ContainerSample, Plan, Snapshot
 from perfbalance.topology import synthetic
+from resctrl.metrics import ResctrlMetrics
 
 SKYLAKE = "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz"
 
@@ -57,3 +58,12 @@ def test_facts_say_what_the_node_offers() -> None:
     s2 = status_input(dataclasses.replace(report(), snapshot=amd), config=Config(), config_valid=True, config_error="", extra={})
     assert s2.facts.resources[f"{PREFIX}avx512-island-cpus"] == 0  # control: no licence, no islands
     assert s2.facts.labels[f"{PREFIX}avx512-license-loss"] == "0.00"
+
+
+def test_free_closids_come_from_the_snapshot_when_the_agent_state_has_none() -> None:
+    snap = report().snapshot
+    up = dataclasses.replace(snap, collectors={**snap.collectors, "resctrl": CollectorStatus(up=True)},
+                             node_metrics=ResctrlMetrics(num_closids=16, free_closids=5).node_metrics())
+    s = status_input(dataclasses.replace(report(), snapshot=up), config=Config(), config_valid=True,
+                     config_error="", extra={})
+    assert s.facts.resources[f"{PREFIX}rdt-free-closids"] == 5

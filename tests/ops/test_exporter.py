@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
 from agent.export.report import AgentState
 from perfbalance.model import ContainerSample
-from resctrl.metrics import ClassUsage
+from resctrl.metrics import ClassUsage, ResctrlMetrics
 
 WEB_ID = {"namespace": "web", "pod": "frontend-7d9f", "container": "nginx"}
 
@@ -156,6 +156,16 @@ def test_resctrl_budget_prefers_agent_state_over_node_metrics() -> None:
     fams = scrape(st)
     assert value(fams, "perfbalance_resctrl_closids_free") == 1
     assert value(fams, "perfbalance_resctrl_rmids_free") == 200
+
+
+def test_resctrl_budget_comes_from_the_snapshot_the_resctrl_collector_fills() -> None:
+    budget = ResctrlMetrics(num_closids=16, free_closids=3, num_rmids=256, free_rmids=40).node_metrics()
+    rep = dataclasses.replace(s.report(), snapshot=s.snapshot(node_metrics=budget))
+    fams = scrape(s.state(rep))
+    assert value(fams, "perfbalance_resctrl_closids_free") == 3
+    assert value(fams, "perfbalance_resctrl_closids") == 16
+    assert value(fams, "perfbalance_resctrl_rmids_free") == 40
+    assert value(fams, "perfbalance_resctrl_rmids") == 256
 
 
 def test_collector_up_follows_the_snapshot() -> None:

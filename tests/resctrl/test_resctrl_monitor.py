@@ -76,7 +76,7 @@ def test_class_metrics_sum_the_class_and_count_the_budget(emulator, threaded) ->
     assert metrics is not None and metrics.classes["gold"].mbm_total_bytes_total == 2 * 1000
     assert metrics.free_closids == 8 - 1 - 1  # num_closids 8 (MB), minus root and gold
     assert metrics.free_rmids == 32 - 1 - 1 - 1  # minus root, gold and c1's monitoring group
-    assert metrics.node_metrics()["resctrl_free_closids"] == 6
+    assert metrics.node_metrics()["resctrl_closids_free"] == 6
 
 
 def test_foreign_groups_count_against_the_budget(emulator, threaded) -> None:
