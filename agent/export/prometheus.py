@@ -59,6 +59,7 @@ CONTAINER_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("llc_occupancy_bytes", "llc_occupancy_bytes", "LLC occupancy measured by resctrl CMT, bytes."),
     ("memory_bandwidth_bytes_per_second", "memory_bandwidth_bytes_per_second", "Memory bandwidth in the last window (MBM, or LLC misses x 64 B when estimated)."),
     ("memory_bandwidth_estimated", "memory_bandwidth_estimated", "1 when memory bandwidth is estimated from LLC misses rather than measured by MBM."),
+    ("memory_bandwidth_bytes_per_instruction", "bytes_per_instruction", "Memory bandwidth / instructions retired in the last window, bytes per instruction."),
 )
 
 
@@ -233,6 +234,16 @@ def _ipc(m: Mapping[str, float]) -> float | None:
     cyc = m.get("cycles_per_second", 0.0)
     if cyc > 0 and "instructions_per_second" in m:
         return m["instructions_per_second"] / cyc
+    return None
+
+
+def _bytes_per_instruction(m: Mapping[str, float]) -> float | None:
+    """Memory traffic per instruction: what a container asks of memory for each unit of work."""
+    if "bytes_per_instruction" in m:
+        return m["bytes_per_instruction"]
+    ins = m.get("instructions_per_second", 0.0)
+    if ins > 0 and "memory_bandwidth_bytes_per_second" in m:
+        return m["memory_bandwidth_bytes_per_second"] / ins
     return None
 
 
@@ -422,6 +433,8 @@ def _container_value(s: ContainerSample, key: str) -> float | None:
         return _ipc(s.metrics)
     if key == "llc_mpki":
         return _mpki(s.metrics)
+    if key == "bytes_per_instruction":
+        return _bytes_per_instruction(s.metrics)
     return s.metrics.get(key)
 
 

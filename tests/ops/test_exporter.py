@@ -73,6 +73,21 @@ def test_ipc_and_mpki_are_derived_from_rates_when_not_given() -> None:
     assert value(fams, "perfbalance_container_llc_mpki", **WEB_ID) == 2.0  # 4e6 * 1000 / 2e9
 
 
+def test_bytes_per_instruction_is_bandwidth_over_instructions_where_both_exist() -> None:
+    fams = scrape(s.state())
+    web = s.WEB.metrics
+    assert value(fams, "perfbalance_container_memory_bandwidth_bytes_per_instruction", **WEB_ID) \
+        == web["memory_bandwidth_bytes_per_second"] / web["instructions_per_second"]
+    others = {l["container"] for _, l, _ in fams["perfbalance_container_memory_bandwidth_bytes_per_instruction"]}
+    assert others == {"nginx"}  # train and pg have bandwidth but no instruction rate
+
+
+def test_no_bytes_per_instruction_without_instructions() -> None:
+    idle = ContainerSample(container=s.WEB.container, metrics={**s.WEB.metrics, "instructions_per_second": 0.0})
+    fams = scrape(s.state(s.report((idle,), with_move=False)))
+    assert fams["perfbalance_container_memory_bandwidth_bytes_per_instruction"] == []
+
+
 def test_smt_sibling_of_avx512_heavy_neighbour_is_contaminated() -> None:
     fams = scrape(s.state())
     assert value(fams, "perfbalance_container_avx512_contamination_ratio", **WEB_ID) == 1.0
