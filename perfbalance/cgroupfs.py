@@ -38,6 +38,7 @@ from typing import Literal
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
+from perfbalance.names import PATH_ELEMENT, name_problem
 from perfbalance.safefs import (CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic,
                                 magic_name, read_bounded)
 
@@ -98,7 +99,7 @@ def check_rel(rel: str) -> str:
 
 def check_name(name: str) -> str:
     """A control-file name: one path element."""
-    if not name or "/" in name or name in (".", "..") or "\x00" in name:
+    if name_problem(name, PATH_ELEMENT):
         raise ParseError("cgroup file name", name, "must be a single path element")
     return name
 

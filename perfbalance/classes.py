@@ -19,40 +19,23 @@ from typing import Literal
 
 from perfbalance.errors import PerfbalanceError
 from perfbalance.model import QOS_CLASSES, Container
+from perfbalance.names import CLASS, QUALIFIED_NAME, name_problem
 from perfbalance.settings import setting
 
-# One path element in the hierarchies controllers write to: no '/', no '.', no '..', no control
-# characters (fullmatch, so a trailing newline cannot slip past '$').
-CLASS_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
-ANNOTATION_KEY_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]{0,252}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
 Mode = Literal["on", "off", "auto"]
 Enforce = Literal["soft", "hard"]
 
 
-def class_name_problem(name: object) -> str | None:
-    """Why `name` cannot be a class name, or None."""
-    if not isinstance(name, str):
-        return f"{name!r} is not a string"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        return f"{name!r} contains control characters"
-    if "/" in name or ".." in name:
-        return f"{name!r} contains '/' or '..'"
-    if not CLASS_NAME_RE.fullmatch(name):
-        return (f"{name!r} is not allowed: letters, digits, '_' and '-', starting with a letter or digit, "
-                "at most 63 characters")
-    return None
-
-
 def check_class_names(value: Mapping[str, object]) -> str | None:
     for name in value:
-        problem = class_name_problem(name)
+        problem = name_problem(name, CLASS)
         if problem:
             return f"class name {problem}"
     return None
 
 
 def check_annotation_key(value: str) -> str | None:
-    if not ANNOTATION_KEY_RE.fullmatch(value):
+    if name_problem(value, QUALIFIED_NAME):
         return f"{value!r} is not a Kubernetes annotation key ([prefix/]name)"
     return None
 
@@ -61,7 +44,7 @@ def check_qos_map(value: Mapping[str, str]) -> str | None:
     for k, v in value.items():
         if k not in QOS_CLASSES:
             return f"unknown QoS class {k!r} (known: {', '.join(QOS_CLASSES)})"
-        problem = class_name_problem(v)
+        problem = name_problem(v, CLASS)
         if problem:
             return f"{k}: class name {problem}"
     return None
@@ -134,7 +117,7 @@ def decide(container: Container, rules: ClassRules, *, planner: str | None = Non
 
 
 def _annotation_problem(value: str, rules: ClassRules) -> str:
-    bad = class_name_problem(value)
+    bad = name_problem(value, CLASS)
     if bad:
         return bad
     if value not in rules.allow_annotation:
@@ -269,4 +252,4 @@ def _known_defaults(qos: Mapping[str, str], classes: Mapping[str, object]) -> No
 
 
 __all__ = ["BlockIoClass", "BlockIoSection", "ClassDecision", "ClassError", "ClassRules", "DeviceLimit", "Enforce",
-           "Mode", "RtClass", "RtSection", "class_name_problem", "decide", "parse_rate", "who"]
+           "Mode", "RtClass", "RtSection", "decide", "parse_rate", "who"]

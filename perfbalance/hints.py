@@ -21,18 +21,16 @@ the planner (pure functions here, used by both).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Literal
 
 from perfbalance.model import Container
+from perfbalance.names import LABEL_VALUE, QUALIFIED_NAME, is_name
 
 Scope = Literal["core", "l3", "numa"]
 SCOPES: tuple[Scope, ...] = ("core", "l3", "numa")
 DEFAULT_WEIGHT = 0.1  # core-seconds per second: about the gain of one typical separation
 # Label keys/values as Kubernetes allows them ([prefix/]name, values up to 63 characters).
-_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -111,7 +109,7 @@ def _selector(sel: str, term: str) -> tuple[tuple[tuple[str, str], ...], str]:
     for part in (p.strip() for p in sel.split(",")):
         k, eq, v = part.partition("=")
         k, v = k.strip(), v.strip()
-        if not eq or not _LABEL_KEY.fullmatch(k) or len(v) > 63 or not _LABEL_VALUE.fullmatch(v):
+        if not eq or not is_name(k, QUALIFIED_NAME) or not is_name(v, LABEL_VALUE):
             raise ValueError(f"term {term!r}: selector {part!r} is not label=value or container=name")
         if k == "container":
             container = v

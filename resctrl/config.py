@@ -9,18 +9,17 @@ the value and the kernel's reason. docs/resctrl.md is the reference with example
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from perfbalance.model import QOS_CLASSES
+from perfbalance.names import CLASS, GROUP_PREFIX, name_problem
 from perfbalance.settings import setting
 from resctrl.amounts import domain_keys, parse_cache_amount, parse_mb_amount
 
-# A group name becomes `<prefix><name>`, one resctrl directory level: no '/', no dots of its own.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+# A group name becomes `<prefix><name>`, one resctrl directory level: the prefix is a
+# names.GROUP_PREFIX, the class a names.CLASS (no '/', no dots of its own).
 CACHE_KEYS = ("l3", "l3code", "l3data", "l2", "l2code", "l2data")
 RESOURCE_KEYS = CACHE_KEYS + ("mb",)
 
@@ -76,9 +75,9 @@ def _required(value: tuple[str, ...]) -> str | None:
 
 def _names(value: Mapping[str, object]) -> str | None:
     for name in value:
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            return (f"name {name!r} is not allowed: letters, digits, '_' and '-', starting with a letter or "
-                    "digit, at most 63 characters (it becomes a resctrl directory name)")
+        problem = name_problem(name, CLASS)
+        if problem:
+            return f"name {problem} (it becomes a resctrl directory name)"
     return None
 
 
@@ -108,9 +107,7 @@ def _qos(value: Mapping[str, str]) -> str | None:
 
 
 def _prefix(value: str) -> str | None:
-    if not PREFIX_RE.match(value) or value in (".", "..") or value.startswith(("info", "mon_")):
-        return "must be letters, digits, '_', '-' or '.', start with a letter or digit, not start with 'info' or 'mon_'"
-    return None
+    return name_problem(value, GROUP_PREFIX)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from perfbalance.errors import ResctrlError
+from perfbalance.names import PATH_ELEMENT, name_problem
 from perfbalance.safefs import SafeTree, UnsafePath
 from resctrl.info import MountInfo, open_tree
 from resctrl.schemata import Schemata
@@ -37,7 +38,7 @@ STATUS_MAX_READ = 4096  # info/last_cmd_status is one line
 
 def check_name(name: str) -> None:
     """A group name is one directory level: never a path, never '.' or '..'."""
-    if not name or name in (".", "..") or "/" in name or "\n" in name or "\0" in name or name in GROUP_ENTRIES:
+    if name_problem(name, PATH_ELEMENT) or name in GROUP_ENTRIES:
         raise ValueError(f"not a valid resctrl group name: {name!r}")
 
 

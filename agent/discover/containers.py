@@ -27,10 +27,10 @@ from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError
 from perfbalance.model import Container, KubeletState
+from perfbalance.names import PATH_ELEMENT, name_problem
 
 log = logging.getLogger(__name__)
 
-MAX_NAME = 255
 KUBEPODS = ("kubepods.slice", "kubepods")
 # A pod UID is a UUID, except for static pods: the kubelet names those by a 32-hex-digit hash of
 # the manifest (pkg/kubelet/config: types.UID(hex of md5)).
@@ -44,7 +44,7 @@ QOS_DIRS = {"kubepods-burstable.slice": "burstable", "kubepods-besteffort.slice"
 # (regex on the container cgroup's name, runtime); crio-conmon-* and sandboxes are not matched.
 CONTAINER_NAMES = (
     (re.compile(rf"^cri-containerd-({_ID})\.scope$"), "containerd"),
-    (re.compile(r"^crio-conmon-"), ""),
+    (re.compile(r"crio-conmon-.*"), ""),
     (re.compile(rf"^crio-({_ID})\.scope$"), "crio"),
     (re.compile(rf"^docker-({_ID})\.scope$"), "docker"),
     (re.compile(r"^([0-9a-f]{64})$"), "containerd"),  # cgroupfs driver: the bare id
@@ -56,10 +56,9 @@ MIN_SHARES = 2
 
 def check_name(name: str, *, what: str = "cgroup name") -> str:
     """A single path element from the cgroup tree, safe to log, label and compare."""
-    if not name or len(name) > MAX_NAME or name in (".", "..") or "/" in name:
-        raise ParseError(what, name[:80], "must be one path element, not '.' or '..'")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise ParseError(what, name[:80], "contains control characters")
+    problem = name_problem(name, PATH_ELEMENT)
+    if problem:
+        raise ParseError(what, name[:80], problem.removeprefix(f"{name!r} "))
     return name
 
 
@@ -88,10 +87,10 @@ class Found:
 
 def parse_pod_dir(name: str) -> tuple[str, str | None] | None:
     """A pod cgroup name -> (pod uid with dashes, QoS from the name or None); else None."""
-    m = SYSTEMD_POD.match(name)
+    m = SYSTEMD_POD.fullmatch(name)
     if m:
         return m.group(2).replace("_", "-").lower(), m.group(1)
-    m = CGROUPFS_POD.match(name)
+    m = CGROUPFS_POD.fullmatch(name)
     if m:
         return m.group(1).replace("_", "-").lower(), None
     return None
@@ -100,7 +99,7 @@ def parse_pod_dir(name: str) -> tuple[str, str | None] | None:
 def parse_container_dir(name: str) -> tuple[str, str] | None:
     """A container cgroup name -> (container id, runtime); None for conmon and anything else."""
     for pattern, runtime in CONTAINER_NAMES:
-        m = pattern.match(name)
+        m = pattern.fullmatch(name)
         if m:
             return (m.group(1), runtime) if runtime else None
     return None

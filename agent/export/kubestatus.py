@@ -25,7 +25,6 @@ import http.client
 import json
 import logging
 import math
-import re
 import ssl
 import threading
 import time
@@ -36,6 +35,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from perfbalance.errors import PerfbalanceError
+from perfbalance.names import LABEL_VALUE, is_name
 
 log = logging.getLogger("perfbalance.kubestatus")
 
@@ -198,12 +198,9 @@ def _pod_ref(c: Any) -> dict[str, str]:
     return ref
 
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
 def label_value(v: str) -> str:
     """A value Kubernetes accepts as a label (<= 63, alphanumeric at both ends), else ""."""
-    return v if len(v) <= 63 and _LABEL_VALUE.match(v) else ""
+    return v if is_name(v, LABEL_VALUE) else ""
 
 
 def node_facts(*, license_loss: float, avx512: bool, rdt: bool, rdt_classes: Sequence[str],

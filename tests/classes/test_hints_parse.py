@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from perfbalance.classes import ClassRules, class_name_problem, decide
+from perfbalance.classes import ClassRules, decide
 from perfbalance.hints import HintKeys, affinity_terms, parse_affinity, problems
 from perfbalance.model import Container
+from perfbalance.names import name_problem
 
 KEYS = HintKeys()
 
@@ -50,7 +51,7 @@ def test_bad_avx512_value_is_reported() -> None:
 @pytest.mark.parametrize("name, bad", [("gold", False), ("a/b", True), ("..", True), ("x\n", True),
                                        ("-x", True), ("x" * 64, True), ("", True)])
 def test_class_names_fullmatch(name: str, bad: bool) -> None:
-    assert (class_name_problem(name) is not None) == bad
+    assert (name_problem(name) is not None) == bad
 
 
 def test_decision_order() -> None:
