@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfbalance.hints import HintKeys
+from perfbalance.names import name_problem
 from perfbalance.settings import setting
 
 # Expected core-frequency loss while a core holds an AVX-512 license, by CPU model name (matched
@@ -59,7 +60,7 @@ class RebalancerConfig:
     llc_aggressor_occupancy_fraction: float = setting(0.25, "... and (when resctrl reports it) LLC occupancy above this fraction of an L3 domain.", min=0.0, max=1.0)
     llc_victim_mpki: float = setting(1.0, "Smoothed LLC MPKI above which a non-aggressor is cache-sensitive.", min=0.0)
     llc_max_gain: float = setting(16.0, "Cap on the predicted cache-share ratio after a move (working sets are unknown).", min=1.0)
-    rdt_aggressor_class: str = setting("", "RDT class for cache aggressors (empty: never change RDT classes).")
+    rdt_aggressor_class: str = setting("", "RDT class for cache aggressors (empty: never change RDT classes); one of the resctrl classes when any are configured.", check=lambda v: name_problem(v) if v else None)
     rdt_aggressor_fraction: float = setting(0.2, "Fraction of an L3 domain the aggressor class may fill.", min=0.0, max=1.0)
     # memory
     memory_latency_seconds: float = setting(90e-9, "Idle memory latency.", min=0.0)

@@ -227,16 +227,30 @@ def parse_config(text: str, *, source: str, node: str) -> Config:
         if not isinstance(over, Mapping):
             raise ConfigError(source, f"nodes.{name}", over, "must be a mapping")
         # Every override is validated, not only ours: a typo for another node is still a typo.
-        build(Config, merge(data, over), source=source, path="")
+        reconcile(build(Config, merge(data, over), source=source, path=""), source=source)
     if node in nodes:
         data = merge(data, nodes[node])
     return reconcile(build(Config, data, source=source), source=source)
 
 
 def reconcile(cfg: Config, *, source: str) -> Config:
-    """Settings that two parts read must agree: the VMM overhead is `vm.vmm_overhead_mcpu` for
-    the VMM-thread actuator and `rebalancer.vm_overhead_mcpu` for the (pure) planner's capacity
-    rule. Either may be set; both set and different is an error."""
+    """Settings that two sections read must agree (checked after each section on its own)."""
+    _check_aggressor_class(cfg, source=source)
+    return _one_vmm_overhead(cfg, source=source)
+
+
+def _check_aggressor_class(cfg: Config, *, source: str) -> None:
+    """The planner's aggressor class is one the RDT actuator has (when it has any)."""
+    wanted, known = cfg.rebalancer.rdt_aggressor_class, cfg.resctrl.class_names()
+    if wanted and known and wanted not in known:
+        raise ConfigError(source, "rebalancer.rdt_aggressor_class", wanted,
+                          f"is not a configured resctrl class (configured: {', '.join(sorted(known))})")
+
+
+def _one_vmm_overhead(cfg: Config, *, source: str) -> Config:
+    """The VMM overhead is `vm.vmm_overhead_mcpu` for the VMM-thread actuator and
+    `rebalancer.vm_overhead_mcpu` for the (pure) planner's capacity rule. Either may be set;
+    both set and different is an error."""
     vm, reb = cfg.vm.vmm_overhead_mcpu, cfg.rebalancer.vm_overhead_mcpu
     if vm == reb:
         return cfg

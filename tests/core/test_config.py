@@ -1,7 +1,10 @@
 import pytest
 
 from agent.config import Config, ConfigWatcher, load_config, parse_config
+from perfbalance.classes import BlockIoSection, RtSection
 from perfbalance.errors import ConfigError
+from perfbalance.names import C_IDENTIFIER, CLASS, GROUP_PREFIX, LABEL_VALUE, PATH_ELEMENT, QUALIFIED_NAME, name_problem
+from perfbalance.settings import build
 
 
 def test_empty_file_is_the_defaults():
@@ -88,3 +91,55 @@ def test_conflicting_vmm_overheads_are_an_error():
     with pytest.raises(ConfigError) as e:
         parse_config("vm: {vmm_overhead_mcpu: 250}\nrebalancer: {vm_overhead_mcpu: 100}\n", source="c.yaml", node="n")
     assert "vm_overhead_mcpu" in str(e.value) and "250" in str(e.value)
+
+
+@pytest.mark.parametrize("text,path,name", [
+    ("resctrl:\n  classes: {\"gold\\n\": {l3: '50%'}}\n", "resctrl.classes", "gold\n"),
+    ("resctrl:\n  group_prefix: \"perfbalance.\\n\"\n", "resctrl.group_prefix", "perfbalance.\n"),
+    ("rebalancer:\n  rdt_aggressor_class: \"squeeze\\n\"\n", "rebalancer.rdt_aggressor_class", "squeeze\n"),
+])
+def test_a_name_with_a_trailing_newline_is_refused(text, path, name):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="c.yaml", node="n")
+    assert (e.value.source, e.value.path) == ("c.yaml", path)
+    assert f"{name!r} is not allowed: it contains control characters" in str(e.value)
+
+
+@pytest.mark.parametrize("section", [BlockIoSection, RtSection])
+def test_a_class_name_with_a_trailing_newline_is_refused(section):
+    with pytest.raises(ConfigError) as e:
+        build(section, {"classes": {"gold\n": {}}}, source="c.yaml", path="classes")
+    assert e.value.path == "classes.classes" and "control characters" in str(e.value)
+
+
+@pytest.mark.parametrize("rule,name", [(CLASS, "gold\n"), (GROUP_PREFIX, "perfbalance.\n"), (PATH_ELEMENT, "pod\n"),
+                                       (LABEL_VALUE, "gold\n"), (C_IDENTIFIER, "PB_X\n"), (QUALIFIED_NAME, "a/b\n")])
+def test_every_name_rule_refuses_a_trailing_newline(rule, name):
+    assert name_problem(name.rstrip("\n"), rule) is None
+    assert name_problem(name, rule) is not None
+
+
+@pytest.mark.parametrize("value", ["../../tmp/x", "a/b", "..", "-x"])
+def test_rdt_aggressor_class_must_be_a_name(value):
+    with pytest.raises(ConfigError) as e:
+        parse_config(f"rebalancer:\n  rdt_aggressor_class: {value!r}\n", source="c.yaml", node="n")
+    assert e.value.source == "c.yaml" and e.value.path == "rebalancer.rdt_aggressor_class"
+    assert e.value.value == value
+
+
+def test_rdt_aggressor_class_must_be_a_configured_class():
+    text = "resctrl:\n  classes: {gold: {l3: '50%'}, squeeze: {l3: '10%'}}\nrebalancer:\n  rdt_aggressor_class: bronze\n"
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="c.yaml", node="n")
+    assert (e.value.source, e.value.path, e.value.value) == ("c.yaml", "rebalancer.rdt_aggressor_class", "bronze")
+    assert "gold, squeeze" in str(e.value)
+    ok = parse_config(text.replace("bronze", "squeeze"), source="c.yaml", node="n")
+    assert ok.rebalancer.rdt_aggressor_class == "squeeze"
+
+
+def test_rdt_aggressor_class_in_partitions_and_node_overrides_is_checked():
+    text = ("resctrl:\n  partitions: {p: {l3: '80%', classes: {squeeze: {l3: '10%'}}}}\n"
+            "nodes:\n  other:\n    rebalancer: {rdt_aggressor_class: gold}\n")
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="c.yaml", node="n")
+    assert e.value.path == "rebalancer.rdt_aggressor_class" and e.value.value == "gold"

@@ -70,3 +70,14 @@ def test_config_file_section_is_used(tmp_path: Path, capsys: pytest.CaptureFixtu
     cfg.write_text("rebalancer:\n  margin: 100.0\n")
     assert main(["plan", "--json", "--config", str(cfg), str(saved(tmp_path))]) == 0
     assert json.loads(capsys.readouterr().out)["actions"] == []
+
+
+@pytest.mark.parametrize("value", ["../../tmp/x", "squeeze\n"])
+def test_aggressor_class_that_is_not_a_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      value: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"rebalancer:\n  rdt_aggressor_class: {json.dumps(value)}\n")
+    assert main(["plan", "--json", "--config", str(cfg), str(saved(tmp_path))]) == 2
+    captured = capsys.readouterr()
+    assert "rebalancer.rdt_aggressor_class" in captured.err and repr(value) in captured.err
+    assert "Traceback" not in captured.err and "tmp/x" not in captured.out
