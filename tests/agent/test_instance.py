@@ -56,7 +56,7 @@ def test_second_instance_fails_naming_the_pid(tmp_path: Path) -> None:
 
 
 def test_second_instance_in_another_process_fails(tmp_path: Path) -> None:
-    code = ("import sys; from agent import instance\n"
+    code = ("import sys; from agent.persist import instance\n"
             "try:\n instance.InstanceLock(sys.argv[1]).acquire()\n"
             "except instance.AlreadyRunning as e:\n print(e); sys.exit(3)\n")
     with instance.InstanceLock(str(tmp_path)):
