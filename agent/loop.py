@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from agent.persist.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
 from agent.config import Config, ConfigWatcher
 from agent.wiring import Parts, build_parts
-from agent.export.report import AgentState, Applied, CycleReport, Realized
+from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from agent.export.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
@@ -339,7 +339,7 @@ class Agent:
 
     def _count(self, action: Action) -> None:
         with self.state.lock:
-            self.state.moves_total[(action.kind, _reason_label(action.reason))] += 1
+            self.state.moves_total[(action.kind, reason_code(action.reason))] += 1
             if action.kind == "rollback":
                 self.state.rollbacks_total += 1
 
@@ -379,8 +379,3 @@ def _decision_key(d: Any) -> str:
         return f"d{int(d)}"
     return str(d)
 
-
-def _reason_label(reason: str) -> str:
-    """A bounded label for a free-text reason: its first word (e.g. 'avx512', 'llc', 'drift')."""
-    head = reason.split(":", 1)[0].split()[0] if reason.strip() else "unknown"
-    return "".join(ch for ch in head.lower() if ch.isalnum() or ch in "-_")[:32] or "unknown"

@@ -1,8 +1,11 @@
 """Rebalance events and node status over MQTT, from one supervised task.
 
 Why this shape (aiomqtt docs/reconnection.md; house style section 7): the agent must never wait
-for a broker. The loop calls `publish(applied)` / `publish_realized(realized)`, which only append
-to a bounded queue (the oldest event is dropped and counted when it is full). One task, `run()`,
+for a broker. The loop calls `publish(report)` with each cycle's report, which only appends that
+cycle's events to a bounded queue (the oldest event is dropped and counted when it is full).
+Everything an event says comes from the report it is handed (container names from its snapshot)
+and from the applied events this publisher queued earlier (a realized gain repeats its move); it
+never reads the agent's live state. One task, `run()`,
 owns one client in a reconnect loop with exponential backoff and jitter; it takes an event off the
 queue only after the broker acknowledged it (QoS 1), so a broker restart loses nothing that fits
 the queue (delivery is at least once; consumers dedupe on `event_id`). A retained status message
@@ -28,8 +31,8 @@ from typing import Any
 import aiomqtt
 
 from agent.config import MqttSection
-from agent.export.prometheus import display_name, json_safe, reason_code
-from agent.export.report import AgentState, Applied, Realized
+from agent.export.prometheus import display_name, json_safe
+from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from perfbalance import __version__
 from perfbalance.errors import ConfigError
 
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT = 10.0  # seconds to wait for a PUBACK before treating the session as lost
 BACKOFF_START = 0.5
 MAX_SECRET_BYTES = 4096
+REMEMBERED_MOVES = 1000  # applied events kept so that their realized follow-up can repeat the move
 
 
 def topics(prefix: str, node: str) -> tuple[str, str]:
@@ -45,6 +49,15 @@ def topics(prefix: str, node: str) -> tuple[str, str]:
     if not node or any(ch in node for ch in "/+#\0"):
         raise ConfigError("NODE_NAME", "", node, "not usable as an MQTT topic level")
     return (f"{prefix}/{node}/events/rebalance", f"{prefix}/{node}/status")
+
+
+def container_of(report: CycleReport, cid: str) -> dict[str, str]:
+    """How an event names a container: its id, plus the names the report's snapshot knows."""
+    sample = report.snapshot.by_id().get(cid)
+    if sample is None:
+        return {"id": cid}
+    c = sample.container
+    return {"id": cid, "namespace": c.namespace, "pod": c.pod, "name": c.name, "display": display_name(sample)}
 
 
 def read_secret(path: str, what: str) -> str:
@@ -62,7 +75,7 @@ def read_secret(path: str, what: str) -> str:
 class MqttPublisher:
     """Create once, start `run()` as one named task, feed it with `publish()`, end with `stop()`.
 
-    `publish`/`publish_realized` must be called from the event loop's thread; they never block.
+    The `publish*` methods must be called from the event loop's thread; they never block.
     """
 
     def __init__(self, config: MqttSection, node: str, state: AgentState, *,
@@ -72,6 +85,7 @@ class MqttPublisher:
         self.clock, self.rng = clock, rng
         self.started = clock()
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._moves: collections.OrderedDict[str, tuple[Applied, dict[str, str]]] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -82,27 +96,33 @@ class MqttPublisher:
         self._export()
 
     # -- feeding the queue (called by the loop) -----------------------------------------------
-    def publish(self, applied: Applied) -> None:
-        """Queue the event of an applied (or failed) action."""
-        self._enqueue(self.event(applied, None))
+    def publish(self, report: CycleReport) -> None:
+        """Queue one cycle's events: its applied (or failed) actions, then its realized gains."""
+        for applied in report.applied:
+            self.publish_applied(applied, report)
+        for realized in report.realized:
+            self.publish_realized(realized, report)
 
-    def publish_applied(self, applied: Applied, report: object = None) -> None:
-        """Same as `publish` (the loop's spelling; the report is not needed: names come from state)."""
-        self.publish(applied)
+    def publish_applied(self, applied: Applied, report: CycleReport) -> None:
+        """Queue the event of an applied (or failed) action of `report`."""
+        container = container_of(report, applied.container)
+        self._moves[applied.event_id] = (applied, container)
+        while len(self._moves) > REMEMBERED_MOVES:
+            self._moves.popitem(last=False)
+        self._enqueue(self.event(applied, None, container))
 
-    def publish_realized(self, realized: Realized) -> None:
-        """Queue the follow-up of a settled move: same event_id, phase "realized"."""
-        view = self.state.view()
-        applied = next((a for a in reversed(view.get("recent_applied", [])) if a.event_id == realized.event_id), None)
-        self._enqueue(self.event(applied, realized))
+    def publish_realized(self, realized: Realized, report: CycleReport) -> None:
+        """Queue the follow-up of a settled move: same event_id, phase "realized", the move repeated
+        when this publisher queued it (not after a restart)."""
+        applied, container = self._moves.pop(realized.event_id, (None, container_of(report, realized.container)))
+        self._enqueue(self.event(applied, realized, container))
 
-    def event(self, applied: Applied | None, realized: Realized | None) -> dict[str, Any]:
-        """The JSON body of one event (pure apart from the state lookup of container names)."""
-        cid = applied.container if applied is not None else (realized.container if realized else "")
+    def event(self, applied: Applied | None, realized: Realized | None, container: Mapping[str, str]) -> dict[str, Any]:
+        """The JSON body of one event (pure apart from the clock)."""
         body: dict[str, Any] = {
             "event_id": applied.event_id if applied is not None else (realized.event_id if realized else ""),
             "type": "rebalance", "phase": "realized" if realized is not None else "applied",
-            "node": self.node, "time": self.clock(), "container": self._container(cid),
+            "node": self.node, "time": self.clock(), "container": dict(container),
         }
         if applied is not None:
             body.update({
@@ -115,15 +135,6 @@ class MqttPublisher:
         body["realized"] = None if realized is None else {
             "gain": realized.realized, "predicted": realized.predicted, "rolled_back": realized.rolled_back}
         return json_safe(body)
-
-    def _container(self, cid: str) -> dict[str, str]:
-        latest = self.state.view()["latest"]
-        sample = latest.snapshot.by_id().get(cid) if latest is not None else None
-        if sample is None:
-            return {"id": cid}
-        c = sample.container
-        return {"id": cid, "namespace": c.namespace, "pod": c.pod, "name": c.name,
-                "display": display_name(sample)}
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         if not self.config.enabled:

@@ -6,9 +6,10 @@ counter is reset at scrape time (cri-resource-manager deleted BPF map keys on sc
 exported containers x CPUs x events). So series of departed containers disappear with the next
 report, per-CPU series exist only at node level, and every label value is bounded and sanitized.
 
-The derived, correlated numbers (AVX-512 contamination of cores, per-CPU heat, memory bandwidth
-per NUMA domain, the last decision per container) are pure functions of a report, shared by the
-Prometheus collector and `/api/state` (docs/metrics.md lists every series).
+The derived, correlated numbers (per-CPU heat, memory bandwidth per NUMA domain, the last
+decision per container) are pure functions of a report, shared by the Prometheus collector and
+`/api/state` (docs/metrics.md lists every series); AVX-512 contamination and reason codes come
+from agent.export.report, computed once per report.
 """
 
 from __future__ import annotations
@@ -23,15 +24,13 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from agent.export.report import AgentState, Applied, CycleReport, Realized
+from agent.export.report import AgentState, Applied, CycleReport, Realized, effective_cpus, heavy_cores, is_heavy
 from perfbalance import __version__
-from perfbalance.cpuset import CpuSet
 from perfbalance.model import ContainerSample, Snapshot
 
 MAX_LABEL_CHARS = 128
 MAX_REASONS = 32  # distinct `reason` label values; the rest are folded into "other"
 DEFAULT_CLASS = "default"  # the resctrl root group: containers with no RDT class
-HEAVY_RATIO = 0.10  # avx512_active_ratio treated as heavy when the collector gives no avx512_heavy
 ID = ("namespace", "pod", "container")
 
 # (metric suffix, ContainerSample.metrics key, help). Counters get `_total` from the client.
@@ -66,23 +65,12 @@ CONTAINER_GAUGES: tuple[tuple[str, str, str], ...] = (
 # -- label hygiene ----------------------------------------------------------------------------
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_NON_CODE = re.compile(r"[^a-z0-9]+")
 
 
 def label_value(value: object) -> str:
     """A label value that cannot break the exposition or explode: no control chars, bounded."""
     text = _CONTROL.sub("_", str(value))
     return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "~"
-
-
-def reason_code(reason: str) -> str:
-    """The bounded `reason` label of a free-text reason: its head before ':' or '(' as snake_case.
-
-    "avx512_isolation: core 3 shared with web" -> "avx512_isolation".
-    """
-    head = re.split(r"[:(\[]", reason, maxsplit=1)[0].strip().lower()
-    code = _NON_CODE.sub("_", head).strip("_")[:48]
-    return code or "unspecified"
 
 
 def container_ident(sample: ContainerSample) -> tuple[str, str, str]:
@@ -115,44 +103,8 @@ class CpuHeat:
     containers: tuple[str, ...]  # display names
 
 
-def effective_cpus(sample: ContainerSample, snap: Snapshot) -> CpuSet:
-    """Where a container may run: its cpuset, or every online CPU when it has none."""
-    return sample.container.cpuset or snap.topology.online
-
-
-def is_heavy(sample: ContainerSample) -> bool:
-    m = sample.metrics
-    if "avx512_heavy" in m:
-        return m["avx512_heavy"] >= 0.5
-    return m.get("avx512_active_ratio", 0.0) >= HEAVY_RATIO
-
-
 def rdt_class(sample: ContainerSample) -> str:
     return sample.container.rdt_class or DEFAULT_CLASS
-
-
-def heavy_cores(snap: Snapshot, *, exclude: str = "") -> CpuSet:
-    """All CPUs sharing a physical core with a CPU an AVX-512-heavy container may run on."""
-    cpus = CpuSet()
-    for s in snap.containers:
-        if s.id != exclude and is_heavy(s):
-            cpus = cpus | effective_cpus(s, snap)
-    return snap.topology.whole_cores(cpus) if cpus else cpus
-
-
-def contamination(snap: Snapshot) -> dict[str, float]:
-    """Per container id: the fraction of its CPUs whose core an AVX-512-heavy *other* container shares.
-
-    The AVX-512 frequency license is per physical core and the SMT sibling shares it (field
-    notes section 2), so a neighbour on the same CPU or on the sibling slows this container down.
-    """
-    out: dict[str, float] = {}
-    for s in snap.containers:
-        mine = effective_cpus(s, snap)
-        if not mine:
-            continue
-        out[s.id] = len(mine & heavy_cores(snap, exclude=s.id)) / len(mine)
-    return out
 
 
 def cpu_heat(snap: Snapshot) -> list[CpuHeat]:
@@ -275,7 +227,7 @@ class Exporter(Collector):
         if report is None:
             return
         yield from _cycle_families(report, view["extra"])
-        yield from _container_families(report.snapshot, view)
+        yield from _container_families(report, view)
         yield _vcpu_pins(report)
         yield from _node_families(report.snapshot, self.bandwidth_peak)
 
@@ -334,9 +286,10 @@ def _agent_families(view: Mapping[str, Any]) -> Iterator[Metric]:
 
 def _moves(moves: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
     folded: dict[tuple[str, str], float] = {}
+    """Moves by (kind, reason code) as counted by the loop; codes beyond MAX_REASONS fold into "other"."""
     reasons: set[str] = set()
     for (kind, reason), n in sorted(moves.items()):
-        code = reason_code(reason)
+        code = label_value(reason)
         if code not in reasons and len(reasons) >= MAX_REASONS:
             code = "other"
         reasons.add(code)
@@ -408,8 +361,8 @@ def _resctrl_families(snap: Snapshot, extra: Mapping[str, Any]) -> Iterator[Metr
     yield from mbm.values()
 
 
-def _container_families(snap: Snapshot, view: Mapping[str, Any]) -> Iterator[Metric]:
-    samples = _unique(snap)
+def _container_families(report: CycleReport, view: Mapping[str, Any]) -> Iterator[Metric]:
+    samples = _unique(report.snapshot)
     for suffix, key, doc in CONTAINER_COUNTERS:
         fam = _counter(f"perfbalance_container_{suffix}", doc, labels=ID)
         for ident, s in samples:
@@ -424,7 +377,7 @@ def _container_families(snap: Snapshot, view: Mapping[str, Any]) -> Iterator[Met
                 fam.add_metric(list(ident), value)
         yield fam
     yield _info(samples)
-    yield _contamination(samples, snap)
+    yield _contamination(samples, report.contamination)
     yield from _decision_families(samples, view)
 
 
@@ -477,8 +430,8 @@ def _info(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]]) -> Ga
     return fam
 
 
-def _contamination(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]], snap: Snapshot) -> GaugeMetricFamily:
-    ratios = contamination(snap)
+def _contamination(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]],
+                   ratios: Mapping[str, float]) -> GaugeMetricFamily:
     fam = _gauge("perfbalance_container_avx512_contamination_ratio",
                  "Fraction of the container's CPUs whose physical core an AVX-512-heavy other container shares.", labels=ID)
     for ident, s in samples:
@@ -564,7 +517,7 @@ def state_json(view: Mapping[str, Any], *, bandwidth_peak: float = 0.0) -> dict[
 
 def _view(report: CycleReport, view: Mapping[str, Any], peak: float) -> dict[str, Any]:
     snap = report.snapshot
-    ratios = contamination(snap)
+    ratios = report.contamination
     names = {s.id: display_name(s) for s in snap.containers}
     return {
         "cycle": report.cycle, "time": report.time, "window": snap.window,

@@ -6,15 +6,67 @@ collector, the node view, `run --json` and MQTT read it without doing I/O or res
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfbalance.model import Plan, Snapshot
+from perfbalance.cpuset import CpuSet
+from perfbalance.model import ContainerSample, Plan, Snapshot
 
 RECENT_APPLIED = 50  # how many applied actions the node view and /api/state keep
+HEAVY_RATIO = 0.10  # avx512_active_ratio treated as heavy when the collector gives no avx512_heavy
+
+_NON_CODE = re.compile(r"[^a-z0-9]+")
+
+
+def reason_code(reason: str) -> str:
+    """The bounded code of a free-text reason: its head before ':', '(' or '[' as snake_case.
+
+    The `reason` label of perfbalance_rebalance_moves_total and `reason_code` of an MQTT event:
+    "avx512_isolation: core 3 shared with web" -> "avx512_isolation".
+    """
+    head = re.split(r"[:(\[]", reason, maxsplit=1)[0].strip().lower()
+    code = _NON_CODE.sub("_", head).strip("_")[:48]
+    return code or "unspecified"
+
+
+def effective_cpus(sample: ContainerSample, snap: Snapshot) -> CpuSet:
+    """Where a container may run: its cpuset, or every online CPU when it has none."""
+    return sample.container.cpuset or snap.topology.online
+
+
+def is_heavy(sample: ContainerSample) -> bool:
+    m = sample.metrics
+    if "avx512_heavy" in m:
+        return m["avx512_heavy"] >= 0.5
+    return m.get("avx512_active_ratio", 0.0) >= HEAVY_RATIO
+
+
+def heavy_cores(snap: Snapshot, *, exclude: str = "") -> CpuSet:
+    """All CPUs sharing a physical core with a CPU an AVX-512-heavy container may run on."""
+    cpus = CpuSet()
+    for s in snap.containers:
+        if s.id != exclude and is_heavy(s):
+            cpus = cpus | effective_cpus(s, snap)
+    return snap.topology.whole_cores(cpus) if cpus else cpus
+
+
+def avx512_contamination(snap: Snapshot) -> dict[str, float]:
+    """Per container id: the fraction of its CPUs whose core an AVX-512-heavy *other* container shares.
+
+    The AVX-512 frequency licence is per physical core and the SMT sibling shares it, so a
+    neighbour on the same CPU or on the sibling slows this container down.
+    """
+    out: dict[str, float] = {}
+    for s in snap.containers:
+        mine = effective_cpus(s, snap)
+        if not mine:
+            continue
+        out[s.id] = len(mine & heavy_cores(snap, exclude=s.id)) / len(mine)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +115,11 @@ class CycleReport:
     plan_seconds: float = 0.0
     collect_seconds: float = 0.0
     vcpu_map: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # container -> host cpu -> vcpu
+    # container id -> AVX-512 contamination ratio, derived from the snapshot once, when the report is built
+    contamination: Mapping[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "contamination", avx512_contamination(self.snapshot))
 
     def to_json(self) -> dict[str, Any]:
         """The `perfbalance run --json` line (docs/run-json.md)."""
@@ -84,7 +141,7 @@ class AgentState:
 
     node: str = ""
     latest: CycleReport | None = None
-    moves_total: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason)
+    moves_total: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason_code(reason))
     rollbacks_total: int = 0
     drift_reasserted_total: int = 0
     action_errors_total: Counter[str] = field(default_factory=Counter)  # errno name / kind

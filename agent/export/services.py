@@ -28,12 +28,8 @@ class Services:
 
     def publish(self, report: CycleReport) -> None:
         """A cycle's applied actions and realized gains as MQTT events (on the loop's thread)."""
-        if self.publisher is None:
-            return
-        for event in report.applied:
-            self.publisher.publish_applied(event, report)
-        for r in report.realized:
-            self.publisher.publish_realized(r)
+        if self.publisher is not None:
+            self.publisher.publish(report)
 
     async def stop(self) -> None:
         if self.publisher is not None and self.task is not None:

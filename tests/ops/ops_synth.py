@@ -6,7 +6,7 @@ server on their SMT siblings 4-5 (so fully contaminated), and a memory-hungry da
 
 from __future__ import annotations
 
-from agent.export.report import AgentState, Applied, CycleReport, Realized
+from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, CollectorStatus, Container, ContainerSample, Plan, Snapshot
 from perfbalance.topology import synthetic
@@ -73,7 +73,7 @@ def state(rep: CycleReport | None = None) -> AgentState:
     """An AgentState as the loop would leave it after the move of `report()`."""
     st = AgentState(node="node-a")
     st.publish(rep if rep is not None else report())
-    st.moves_total[("cpuset", MOVE_REASON)] += 1
+    st.moves_total[("cpuset", reason_code(MOVE_REASON))] += 1
     st.realized.append(Realized(event_id="ev-1", container="c-web", predicted=0.3, realized=0.27,
                                 rolled_back=False))
     st.config_reloads_total["ok"] += 1

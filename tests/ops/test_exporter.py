@@ -7,11 +7,15 @@ import json
 import re
 
 import ops_synth as s
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, reason_code, state_json
-from agent.export.report import AgentState
+from agent.config import Config
+from agent.export.mqtt import MqttPublisher
+from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, state_json
+from agent.export.report import AgentState, reason_code
+from agent.loop import Agent
 from perfbalance.model import ContainerSample
 from resctrl.metrics import ClassUsage, ResctrlMetrics
 
@@ -64,7 +68,7 @@ def test_scrape_leaves_counters_and_state_alone() -> None:
     st = s.state()
     first, second = scrape(st), scrape(st)
     assert first == second
-    assert st.moves_total[("cpuset", s.MOVE_REASON)] == 1
+    assert st.moves_total[("cpuset", reason_code(s.MOVE_REASON))] == 1
 
 
 def test_ipc_and_mpki_are_derived_from_rates_when_not_given() -> None:
@@ -95,6 +99,20 @@ def test_smt_sibling_of_avx512_heavy_neighbour_is_contaminated() -> None:
     assert value(fams, "perfbalance_cpu_avx512_heavy_core", cpu="5") == 1.0
 
 
+def test_contamination_is_derived_once_when_the_report_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.export.report as report_module
+    calls = []
+    real = report_module.avx512_contamination
+    monkeypatch.setattr(report_module, "avx512_contamination", lambda snap: calls.append(snap) or real(snap))
+    st = s.state()
+    assert len(calls) == 1
+    fams = scrape(st)
+    doc = state_json(st.view())
+    assert len(calls) == 1  # scrapes and /api/state read the report's contamination
+    assert value(fams, "perfbalance_container_avx512_contamination_ratio", **WEB_ID) \
+        == {c["id"]: c["contamination"] for c in doc["view"]["containers"]}["c-web"] == 1.0
+
+
 def test_decision_carries_predicted_and_realized_numbers() -> None:
     fams = scrape(s.state())
     assert value(fams, "perfbalance_decision_predicted_benefit_cores", **WEB_ID) == 0.35
@@ -110,9 +128,19 @@ def test_moves_are_counted_by_kind_and_reason_code() -> None:
 def test_reason_label_values_are_bounded() -> None:
     st = s.state()
     for i in range(MAX_REASONS * 3):
-        st.moves_total[("cpuset", f"reason number {i}: detail")] += 1
+        st.moves_total[("cpuset", reason_code(f"reason number {i}: detail"))] += 1
     reasons = {l["reason"] for _, l, _ in scrape(st)["perfbalance_rebalance_moves"]}
     assert len(reasons) <= MAX_REASONS + 1 and "other" in reasons
+
+
+def test_the_moves_metric_and_the_mqtt_event_give_a_move_the_same_reason_code() -> None:
+    agent = Agent(Config(), node="node-a")
+    move = dataclasses.replace(s.MOVE, reason="AVX-512 shield: clear scalar work off the SMT siblings of 0-1")
+    agent._count(move)
+    (labels,) = [l for _, l, _ in scrape(agent.state)["perfbalance_rebalance_moves"] if l["kind"] == "cpuset"]
+    pub = MqttPublisher(Config().mqtt, "node-a", agent.state)
+    event = pub.event(s.applied(move), None, {"id": move.container})
+    assert labels["reason"] == event["reason_code"] == reason_code(move.reason)
 
 
 def test_reason_code_is_the_snake_case_head() -> None:

@@ -98,7 +98,7 @@ def online(sub: Subscriber) -> bool:
 
 
 async def test_rebalance_event_arrives_with_qos1_not_retained(sub: Subscriber, pub: MqttPublisher) -> None:
-    pub.publish(s.applied())
+    pub.publish_applied(s.applied(), s.report())
     await sub.until(lambda: "ev-1" in sub.event_ids())
     (msg,) = [m for m in sub.messages if m.topic.matches(EVENTS)]
     body = json.loads(msg.payload)
@@ -151,12 +151,12 @@ async def test_last_will_marks_a_killed_agent_offline(broker: Mosquitto, sub: Su
 
 async def test_broker_restart_loses_no_event_that_fits_the_queue(broker: Mosquitto, sub: Subscriber,
                                                                    pub: MqttPublisher) -> None:
-    pub.publish(s.applied(event_id="ev-0"))
+    pub.publish_applied(s.applied(event_id="ev-0"), s.report())
     await sub.until(lambda: "ev-0" in sub.event_ids())
     broker.stop()
     await _until(lambda: pub.stats["connected"] == 0)
     for i in range(1, 6):
-        pub.publish(s.applied(event_id=f"ev-{i}"))
+        pub.publish_applied(s.applied(event_id=f"ev-{i}"), s.report())
     assert pub.stats["queue"] == 5
     broker.start()
     await sub.until(lambda: sub.event_ids() >= {f"ev-{i}" for i in range(6)})
@@ -169,7 +169,7 @@ async def test_events_beyond_the_queue_are_dropped_oldest_first_during_an_outage
     broker.stop()
     await _until(lambda: pub.stats["connected"] == 0)
     for i in range(13):  # queue_size is 10
-        pub.publish(s.applied(event_id=f"ev-{i}"))
+        pub.publish_applied(s.applied(event_id=f"ev-{i}"), s.report())
     broker.start()
     await sub.until(lambda: len(sub.event_ids()) >= 10)
     await asyncio.sleep(0.5)  # nothing else may arrive
@@ -202,7 +202,7 @@ async def test_events_reach_a_tls_broker_with_credentials_from_files(tmp_path: P
         tls = aiomqtt.TLSParameters(ca_certs=str(ca))
         async with aiomqtt.Client("127.0.0.1", broker.port, username="agent", password="s3cret", tls_params=tls) as c:
             await c.subscribe(EVENTS, qos=1)
-            pub.publish(s.applied())
+            pub.publish_applied(s.applied(), s.report())
             msg = await asyncio.wait_for(anext(aiter(c.messages)), 30)
         assert json.loads(msg.payload)["event_id"] == "ev-1"
     finally:
@@ -221,7 +221,7 @@ async def test_wrong_password_is_reported_not_fatal(tmp_path: Path) -> None:
     pub = MqttPublisher(conf, "node-a", s.state())
     task = asyncio.create_task(pub.run(), name="mqtt")
     try:
-        pub.publish(s.applied())
+        pub.publish_applied(s.applied(), s.report())
         await _until(lambda: pub.stats["errors"] >= 2)
         assert pub.stats["connected"] == 0 and pub.stats["queue"] == 1 and not task.done()
     finally:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from agent.export.http import NodeServer, serve_http
-from agent.export.report import AgentState
+from agent.export.report import AgentState, reason_code
 from ops_servers import PROMETHEUS, Prometheus
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "perfbalance.rules.yaml"
@@ -47,7 +47,7 @@ class FakeLoop:
             self.state.publish(rep)
             with self.state.lock:
                 for a in rep.applied:
-                    self.state.moves_total[(a.kind, a.reason)] += 5
+                    self.state.moves_total[(a.kind, reason_code(a.reason))] += 5
             cycle += 1
 
     def stop(self) -> None:
