@@ -20,7 +20,17 @@ class ParseError(PerfbalanceError, ValueError):
     def __init__(self, what: str, value: object, reason: str, *, source: str = "") -> None:
         self.what, self.value, self.reason, self.source = what, value, reason, source
         where = f" in {source}" if source else ""
-        super().__init__(f"{what}{where}: {reason}: {value!r}")
+        super().__init__(f"{what}{where}: {reason}: {_shown(value)}")
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """repr() of a value from outside, bounded: a message stays one readable line (repr of an
+    int beyond the int-str limit raises ValueError, of absurd nesting RecursionError)."""
+    try:
+        r = repr(value)
+    except (ValueError, RecursionError):
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= limit else r[:limit] + "..."
 
 
 class ConfigError(PerfbalanceError, ValueError):

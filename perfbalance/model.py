@@ -8,12 +8,12 @@ saved and replayed with `perfbalance plan`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from perfbalance import jsonfields as jf
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
 from perfbalance.topology import Topology
@@ -62,25 +62,29 @@ class Container:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, source: str = "container") -> Container:
+    def from_json(cls, d: Mapping[str, Any], *, at: jf.At = jf.At(path="container")) -> Container:
+        def s(key: str, default: str = "") -> str:
+            return jf.text(d.get(key, default), at.key(key))
+
         def opt_int(key: str) -> int | None:
             v = d.get(key)
-            return None if v is None else int(v)
+            return None if v is None else jf.integer(v, at.key(key))
 
+        qos = s("qos", "unknown")
+        if qos not in QOS_CLASSES:
+            raise at.key("qos").error(qos, f"must be one of {QOS_CLASSES}")
         return cls(
-            id=_req_str(d, "id", source), name=str(d.get("name", "")),
-            namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
-            pod_uid=str(d.get("pod_uid", "")), cgroup=_req_str(d, "cgroup", source),
-            qos=str(d.get("qos", "unknown")), runtime=str(d.get("runtime", "generic")),
-            cpuset=CpuSet.parse(str(d.get("cpuset", "")), source=f"{source}.cpuset"),
-            mems=CpuSet.parse(str(d.get("mems", "")), source=f"{source}.mems"),
-            request_mcpu=int(d.get("request_mcpu", 0)), limit_mcpu=opt_int("limit_mcpu"),
-            memory_limit_bytes=opt_int("memory_limit_bytes"),
-            memory_bytes=int(d.get("memory_bytes", 0)), exclusive=bool(d.get("exclusive", False)),
-            rdt_class=str(d.get("rdt_class", "")),
-            annotations={str(k): str(v) for k, v in dict(d.get("annotations", {})).items()},
-            labels={str(k): str(v) for k, v in dict(d.get("labels", {})).items()},
-            sandbox=str(d.get("sandbox", "")),
+            id=_req_str(d, "id", at), name=s("name"), namespace=s("namespace"), pod=s("pod"),
+            pod_uid=s("pod_uid"), cgroup=_req_str(d, "cgroup", at), qos=qos,
+            runtime=s("runtime", "generic"),
+            cpuset=jf.cpus(d.get("cpuset", ""), at.key("cpuset")),
+            mems=jf.cpus(d.get("mems", ""), at.key("mems")),
+            request_mcpu=jf.integer(d.get("request_mcpu", 0), at.key("request_mcpu")),
+            limit_mcpu=opt_int("limit_mcpu"), memory_limit_bytes=opt_int("memory_limit_bytes"),
+            memory_bytes=jf.integer(d.get("memory_bytes", 0), at.key("memory_bytes")),
+            exclusive=bool(d.get("exclusive", False)), rdt_class=s("rdt_class"),
+            annotations=jf.strings(d.get("annotations", {}), at.key("annotations")),
+            labels=jf.strings(d.get("labels", {}), at.key("labels")), sandbox=s("sandbox"),
         )
 
 
@@ -114,13 +118,17 @@ class KubeletState:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, source: str = "kubelet") -> KubeletState:
-        return cls(
-            policy=str(d.get("policy", "none")),
-            default_cpuset=CpuSet.parse(str(d.get("default_cpuset", "")), source=source),
-            exclusive={(str(e["pod_uid"]), str(e["container"])): CpuSet.parse(str(e["cpus"]))
-                       for e in d.get("exclusive", [])},
-        )
+    def from_json(cls, d: Any, *, at: jf.At = jf.At(path="kubelet")) -> KubeletState:
+        d = jf.obj(d, at)
+        exclusive = {}
+        for i, e in enumerate(jf.arr(d.get("exclusive", []), at.key("exclusive"))):
+            e_at = at.key("exclusive").index(i)
+            e = jf.obj(e, e_at)
+            key = (_req_str(e, "pod_uid", e_at), _req_str(e, "container", e_at))
+            exclusive[key] = jf.cpus(e.get("cpus"), e_at.key("cpus"))
+        return cls(policy=jf.text(d.get("policy", "none"), at.key("policy")),
+                   default_cpuset=jf.cpus(d.get("default_cpuset", ""), at.key("default_cpuset")),
+                   exclusive=exclusive)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,56 +186,36 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, d: Any, *, source: str = "snapshot") -> Snapshot:
-        """Load a snapshot (or one line of `perfbalance run --json`); errors name the field."""
+        """Load a snapshot (or one line of `perfbalance run --json`); errors name the field
+        path and the value."""
+        top = jf.At(source)
         if not isinstance(d, Mapping):
-            raise ParseError("snapshot", str(d)[:200], "top level must be a JSON object", source=source)
+            raise ParseError("snapshot", type(d).__name__, "top level must be a JSON object", source=source)
         for key in ("time", "topology", "containers"):
             if key not in d:
-                raise ParseError("snapshot", sorted(d.keys()), f"missing key {key!r}", source=source)
-        try:
-            containers = []
-            for i, c in enumerate(d["containers"]):
-                where = f"{source}: containers[{i}]"
-                if not isinstance(c, Mapping):
-                    raise ParseError("container", c, "must be an object", source=where)
-                metrics = c.get("metrics", {})
-                if not isinstance(metrics, Mapping):
-                    raise ParseError("metrics", metrics, "must be an object", source=where)
-                containers.append(ContainerSample(
-                    container=Container.from_json(c, source=where),
-                    metrics={str(k): _metric(v, f"{where}.metrics.{k}") for k, v in metrics.items()},
-                ))
-            ids = [c.id for c in containers]
-            if len(set(ids)) != len(ids):
-                raise ParseError("containers", ids, "duplicate container id", source=source)
-            return cls(
-                time=float(d["time"]), window=float(d.get("window", 0.0)),
-                node=str(d.get("node", "")), cycle=int(d.get("cycle", 0)),
-                topology=Topology.from_json(d["topology"], source=f"{source}: topology"),
-                kubelet=KubeletState.from_json(d.get("kubelet", {}), source=f"{source}: kubelet"),
-                reserved=CpuSet.parse(str(d.get("reserved", "")), source=f"{source}: reserved"),
-                collectors={str(k): CollectorStatus(up=bool(v.get("up")), reason=str(v.get("reason", "")))
-                            for k, v in dict(d.get("collectors", {})).items()},
-                node_metrics={str(k): _metric(v, f"{source}: node_metrics.{k}")
-                              for k, v in dict(d.get("node_metrics", {})).items()},
-                containers=tuple(containers),
-            )
-        except ParseError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
-            # OverflowError: int() of a JSON Infinity; RecursionError: str() of absurd nesting
-            raise ParseError("snapshot", type(e).__name__, str(e)[:200], source=source) from None
+                raise ParseError("snapshot", sorted(map(str, d.keys()))[:20], f"missing key {key!r}", source=source)
+        containers = tuple(_sample(c, top.key("containers").index(i))
+                           for i, c in enumerate(jf.arr(d["containers"], top.key("containers"))))
+        ids = [c.id for c in containers]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise top.key("containers").error(dup, "duplicate container id")
+        return cls(
+            time=jf.number(d["time"], top.key("time")),
+            window=jf.number(d.get("window", 0.0), top.key("window")),
+            node=jf.text(d.get("node", ""), top.key("node")),
+            cycle=jf.integer(d.get("cycle", 0), top.key("cycle")),
+            topology=Topology.from_json(d["topology"], at=top.key("topology")),
+            kubelet=KubeletState.from_json(d.get("kubelet", {}), at=top.key("kubelet")),
+            reserved=jf.cpus(d.get("reserved", ""), top.key("reserved")),
+            collectors=_collectors(d.get("collectors", {}), top.key("collectors")),
+            node_metrics=_metrics(d.get("node_metrics", {}), top.key("node_metrics")),
+            containers=containers,
+        )
 
     @classmethod
     def loads(cls, text: str, *, source: str = "snapshot") -> Snapshot:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ParseError("snapshot", text[:80], f"not JSON ({e})", source=source) from None
-        except (ValueError, RecursionError) as e:  # huge integer literal, nesting beyond the decoder
-            raise ParseError("snapshot", text[:80], f"not usable JSON ({type(e).__name__})",
-                             source=source) from None
-        return cls.from_json(data, source=source)
+        return cls.from_json(jf.loads(text, source=source), source=source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,20 +289,30 @@ class Plan:
         return [a.to_json() for a in self.actions]
 
 
-def _req_str(d: Mapping[str, Any], key: str, source: str) -> str:
+def _req_str(d: Mapping[str, Any], key: str, at: jf.At) -> str:
     v = d.get(key)
     if not isinstance(v, str) or not v:
-        raise ParseError(key, v, "required non-empty string", source=source)
+        raise at.key(key).error(v, "required non-empty string")
     return v
 
 
-def _metric(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ParseError("metric", v, "must be a number", source=where)
-    f = float(v)
-    if not math.isfinite(f):
-        raise ParseError("metric", v, "must be finite", source=where)
-    return f
+def _sample(c: Any, at: jf.At) -> ContainerSample:
+    c = jf.obj(c, at)
+    return ContainerSample(container=Container.from_json(c, at=at),
+                           metrics=_metrics(c.get("metrics", {}), at.key("metrics")))
+
+
+def _metrics(m: Any, at: jf.At) -> dict[str, float]:
+    return {str(k): jf.metric(v, at.key(str(k))) for k, v in jf.obj(m, at).items()}
+
+
+def _collectors(d: Any, at: jf.At) -> dict[str, CollectorStatus]:
+    out = {}
+    for k, v in jf.obj(d, at).items():
+        v = jf.obj(v, at.key(str(k)))
+        out[str(k)] = CollectorStatus(up=bool(v.get("up")),
+                                      reason=jf.text(v.get("reason", ""), at.key(str(k)).key("reason")))
+    return out
 
 
 def _finite(m: Mapping[str, float]) -> dict[str, float]:

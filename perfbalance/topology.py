@@ -10,8 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfbalance.cpuset import CpuSet, union
+from perfbalance import jsonfields as jf
+from perfbalance.cpuset import MAX_CPU_ID, CpuSet, union
 from perfbalance.errors import ParseError
+
+_MAX_ID = (1 << 31) - 1  # package, die, core, L3 ids and base MHz: any int sysfs can print
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,26 +123,42 @@ class Topology:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, source: str = "topology") -> Topology:
-        try:
-            cpus = tuple(
-                Cpu(id=int(c["id"]), package=int(c.get("package", 0)), die=int(c.get("die", 0)),
-                    node=int(c.get("node", 0)), core=int(c.get("core", c["id"])),
-                    l3=int(c.get("l3", 0)), base_mhz=int(c.get("base_mhz", 0)))
-                for c in data["cpus"]
-            )
-            return cls(
-                cpus=cpus,
-                isolated=CpuSet.parse(str(data.get("isolated", "")), source=source),
-                l3_size_bytes=int(data.get("l3_size_bytes", 0)),
-                cpu_model=str(data.get("cpu_model", "")),
-                node_mem_bytes={int(k): int(v) for k, v in dict(data.get("node_mem_bytes", {})).items()},
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, ParseError):
-                raise
-            raise ParseError("topology", data if isinstance(data, dict) else str(data)[:200],
-                             f"malformed ({type(e).__name__}: {e})", source=source) from None
+    def from_json(cls, data: Any, *, at: jf.At = jf.At(path="topology")) -> Topology:
+        """Every id checked here: CPU and NUMA node ids are members of CpuSets (0..MAX_CPU_ID-1),
+        package, die, core and L3 ids may be -1 (sysfs does not say)."""
+        data = jf.obj(data, at)
+        if "cpus" not in data:
+            raise at.error(sorted(map(str, data))[:20], "missing key 'cpus'")
+        cpus = tuple(_cpu(c, at.key("cpus").index(i))
+                     for i, c in enumerate(jf.arr(data["cpus"], at.key("cpus"))))
+        seen: set[int] = set()
+        for i, c in enumerate(cpus):
+            if c.id in seen:
+                raise at.key("cpus").index(i).key("id").error(c.id, "duplicate cpu id")
+            seen.add(c.id)
+        mem_at = at.key("node_mem_bytes")
+        return cls(
+            cpus=cpus, isolated=jf.cpus(data.get("isolated", ""), at.key("isolated")),
+            l3_size_bytes=jf.integer(data.get("l3_size_bytes", 0), at.key("l3_size_bytes"), lo=0),
+            cpu_model=jf.text(data.get("cpu_model", ""), at.key("cpu_model")),
+            node_mem_bytes={jf.integer(k, mem_at, lo=0, hi=MAX_CPU_ID - 1):
+                            jf.integer(v, mem_at.key(str(k)), lo=0)
+                            for k, v in jf.obj(data.get("node_mem_bytes", {}), mem_at).items()},
+        )
+
+
+def _cpu(c: Any, at: jf.At) -> Cpu:
+    c = jf.obj(c, at)
+    if "id" not in c:
+        raise at.error(sorted(map(str, c))[:20], "missing key 'id'")
+
+    def get(key: str, default: Any, lo: int, hi: int = _MAX_ID) -> int:
+        return jf.integer(c.get(key, default), at.key(key), lo=lo, hi=hi)
+
+    cpu_id = get("id", None, 0, MAX_CPU_ID - 1)
+    return Cpu(id=cpu_id, package=get("package", 0, -1), die=get("die", 0, -1),
+               node=get("node", 0, 0, MAX_CPU_ID - 1), core=get("core", cpu_id, -1),
+               l3=get("l3", 0, -1), base_mhz=get("base_mhz", 0, 0))
 
 
 def synthetic(*, packages: int, dies_per_package: int = 1, nodes_per_package: int = 1,

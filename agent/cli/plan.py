@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from perfbalance import jsonfields as jf
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.model import Plan, Snapshot
 
 MAX_SNAPSHOT_BYTES = 64 << 20
+MAX_SKIPPED_SHOWN = 20  # text output; --json lists every container
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,12 +51,13 @@ def parse_snapshot_text(text: str, *, source: str) -> Snapshot:
     if not lines:
         raise ParseError("snapshot", "", "file is empty", source=source)
     try:
-        json.loads(text)
-        body = text  # one JSON document (possibly pretty-printed over many lines)
-    except json.JSONDecodeError:
-        body = lines[-1]  # JSON lines: `perfbalance run --json` output; plan the last cycle
-        source = f"{source}: line {len(lines)}"
-    return Snapshot.loads(body, source=source)
+        data = jf.loads(text, source=source)  # one document (possibly pretty-printed)
+    except jf.JsonSyntaxError:
+        if len(lines) == 1:
+            raise
+        source = f"{source}: line {len(lines)}"  # `perfbalance run --json` lines: the last cycle
+        data = jf.loads(lines[-1], source=source)
+    return Snapshot.from_json(data, source=source)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,36 +65,52 @@ def main(args: argparse.Namespace) -> int:
     from rebalancer import plan
 
     try:
+        if args.now is not None and not math.isfinite(args.now):
+            raise ParseError("--now", args.now, "must be finite")
         snapshot = load_snapshot(args.snapshot)
         config = load_config(args.config).rebalancer if args.config else None
     except (ParseError, ConfigError) as e:
         print(f"perfbalance plan: {e}", file=sys.stderr)
         return 2
     from rebalancer import RebalancerConfig
+    from rebalancer.explain import explain
 
     now = args.now if args.now is not None else snapshot.time
+    config = config or RebalancerConfig()
     t0 = time.perf_counter()
-    result = plan(snapshot, config or RebalancerConfig(), None, now)
+    result = plan(snapshot, config, None, now)
     seconds = time.perf_counter() - t0
+    why, skipped = explain(snapshot, config, None, now, result)
     if args.json:
-        json.dump(plan_json(result, seconds), sys.stdout)
-        sys.stdout.write("\n")
+        try:  # JSON has no Infinity or NaN: refuse to print invalid JSON
+            text = json.dumps(plan_json(result, seconds, why, skipped), allow_nan=False)
+        except ValueError:
+            print(f"perfbalance plan: {args.snapshot}: the plan holds a non-finite number "
+                  "(metrics too large to compute with)", file=sys.stderr)
+            return 2
+        sys.stdout.write(text + "\n")
     else:
-        sys.stdout.write(render(snapshot, result, seconds))
+        sys.stdout.write(render(snapshot, result, seconds, why, skipped))
     return 0
 
 
-def plan_json(result: Plan, seconds: float) -> dict[str, Any]:
-    return {"time": result.time, "plan_seconds": round(seconds, 6),
-            "actions": result.to_json(), "considered": [dict(c) for c in result.considered]}
+def plan_json(result: Plan, seconds: float, why: str = "",
+              skipped: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """`considered`: the planner's rejected candidates, then every container that was no
+    candidate at all (kind "skipped"); `no_candidate`: why the planner had nothing to score."""
+    return {"time": result.time, "plan_seconds": round(seconds, 6), "actions": result.to_json(),
+            "considered": [dict(c) for c in (*result.considered, *skipped)],
+            **({"no_candidate": why} if why else {})}
 
 
-def render(snapshot: Snapshot, result: Plan, seconds: float) -> str:
+def render(snapshot: Snapshot, result: Plan, seconds: float, why: str = "",
+           skipped: Sequence[Mapping[str, Any]] = ()) -> str:
     out = [f"snapshot of {snapshot.node or 'node'} at {snapshot.time:.0f}: "
            f"{len(snapshot.containers)} containers on {len(snapshot.topology.cpus)} CPUs "
            f"({snapshot.topology.cpu_model or 'unknown CPU'}); planned in {seconds * 1000:.1f} ms", ""]
     if not result.actions:
-        out.append("no actions: nothing pays for its cost (see below)")
+        out.append(f"no actions: {why}" if why else
+                   "no actions: no candidate pays for its cost or passes the constraints (see below)")
     for i, a in enumerate(result.actions, 1):
         out.append(f"{i}. {a.kind} {a.container}: {a.frm or '-'} -> {a.to}"
                    + (f" (mems {a.mems})" if a.mems else ""))
@@ -103,4 +124,10 @@ def render(snapshot: Snapshot, result: Plan, seconds: float) -> str:
             what = c.get("reason") or c.get("decision", "")
             nums = f" [net {c['net']:.4f}]" if "net" in c else ""
             out.append(f"- {c.get('kind')} {c.get('container', '')}: {what} -> {c.get('rejected')}{nums}")
+    if skipped:
+        out += ["", "no candidate:"]
+        out += [f"- {c['container']}: {str(c['rejected']).removeprefix('no candidate: ')}"
+                for c in skipped[:MAX_SKIPPED_SHOWN]]
+        if len(skipped) > MAX_SKIPPED_SHOWN:
+            out.append(f"- ... and {len(skipped) - MAX_SKIPPED_SHOWN} more (--json lists every one)")
     return "\n".join(out) + "\n"
