@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from agent.persist.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
-from agent.config import Config, ConfigWatcher
+from agent.persist.instance import reconfigure_logging
+from agent.config import AgentSection, Config, ConfigWatcher
 from agent.wiring import Parts, build_parts
 from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from agent.export.services import Services, start_services
@@ -59,6 +60,7 @@ class Agent:
         self._overrides = overrides or (lambda c: c)
         config = self._overrides(config)
         self.config, self.node, self.config_path = config, node, config_path
+        self._dry_run_flag = dry_run  # --dry-run outlives reloads, like the other flags
         self.dry_run = dry_run or config.agent.dry_run
         self.cycles, self.json_out = cycles, json_out
         self.state = AgentState(node=node)
@@ -239,7 +241,8 @@ class Agent:
             return
         assert self.parts is not None
         new = self._overrides(new)
-        self.config = new
+        old, self.config = self.config, new
+        self._reconfigure_agent(old.agent, new.agent)
         self.parts.reconfigure(new)
         with self.state.lock:
             self.state.config_valid, self.state.config_error = True, ""
@@ -247,6 +250,19 @@ class Agent:
             self.state.config_loaded_time = time.time()
         log.info("config reloaded from %s", self.config_path)
         self._write_config_status()
+
+    def _reconfigure_agent(self, old: AgentSection, new: AgentSection) -> None:
+        """The `agent:` section of a reloaded config: dry_run and logging at once (the interval is
+        read every cycle); the run directory holds the lock and checkpoint, bound at start."""
+        dry_run = self._dry_run_flag or new.dry_run
+        if dry_run != self.dry_run:
+            log.warning("dry_run %s by the reloaded config", "on: planning only" if dry_run else "off: acting again")
+            self.dry_run = dry_run
+        if (new.log_level, new.log_format) != (old.log_level, old.log_format):
+            reconfigure_logging(new.log_level, new.log_format)
+            log.info("logging: level %s, format %s", new.log_level, new.log_format)
+        if new.run_dir != old.run_dir:
+            log.warning("config changes in agent.run_dir take effect at the next start of the agent")
 
     def _write_config_status(self) -> None:
         """<run_dir>/config-status.json: what `perfbalance doctor` shows of the running agent's

@@ -109,14 +109,16 @@ class Parts:
         later = [name for name in RESTART_SECTIONS if getattr(config, name) != getattr(self.config, name)]
         if later:
             log.warning("config changes in %s take effect at the next start of the agent", ", ".join(later))
-        self.config = config
+        old, self.config = self.config, config
         self.resctrl.reconfigure(config)
         if self.podmeta is not None:
             podmeta.reconfigure(self.podmeta, config)
         self.cpusets.reassert_drift = config.cpuset.reassert_drift
         self.cpusets.allow_isolated = config.cpuset.allow_isolated
-        if self.vms is not None:
-            self.vms.config = config.vm
+        if config.vm != old.vm:  # patterns, enabled: a new VM sandbox part from the new section
+            self.vms = self._make_vms()
+            log.info("vm: VM sandbox support %s with the reloaded settings",
+                     "rebuilt" if self.vms is not None else "off")
 
     # -- per cycle --------------------------------------------------------------------------
     def unusable_cpus(self) -> CpuSet:

@@ -157,3 +157,17 @@ def setup_logging(level: str = "info", fmt: str = "json", *, stream: TextIO | No
     root.addHandler(handler)
     root.setLevel(numeric)
     return handler
+
+
+def reconfigure_logging(level: str, fmt: str) -> None:
+    """A reloaded `agent.log_level`/`log_format`: the root logger's level at once, and the format
+    of the handler setup_logging installed (on the stream it writes to); without that handler
+    (the agent embedded in a program with its own logging) only the level changes."""
+    ours = [h for h in logging.getLogger().handlers if isinstance(h, _OurHandler)]
+    if ours:
+        setup_logging(level, fmt, stream=ours[0].stream)
+        return
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r} (debug, info, warning, error)")
+    logging.getLogger().setLevel(numeric)
