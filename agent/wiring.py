@@ -18,6 +18,8 @@ from agent.config import Config
 from agent.discover.containers import discover
 from agent.discover.kubelet import KubeletStateReader
 from agent.act.rdt import RdtNode
+from agent.act.vcpu import VcpuActuator
+from agent.discover.vmm import VmmDiscovery, pod_key
 from agent.export.report import AgentState
 from agent.discover.sysfs import read_topology
 from collectors.base import Collector
@@ -26,6 +28,7 @@ from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
 from perfbalance.host import HostPaths
 from perfbalance.model import Action, CollectorStatus, Container, KubeletState, Snapshot
+from perfbalance.sandbox import VcpuPinning, VmmProcess
 from perfbalance.topology import Topology
 
 log = logging.getLogger("perfbalance.parts")
@@ -59,7 +62,8 @@ class Parts:
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
         self.vms = self._make_vms()
-        self._moved: dict[str, CpuSet] = {}
+        self.vcpus = VcpuActuator()
+        self._vmms: tuple[VmmProcess, ...] = ()
         self._containers: list[Container] = []
 
     # -- construction ---------------------------------------------------------------------
@@ -84,13 +88,12 @@ class Parts:
 
         return make_resctrl(self.config, self.host, self.cgfs, source=self.config_source)
 
-    def _make_vms(self) -> Any:
+    def _make_vms(self) -> VmmDiscovery | None:
+        """VMM discovery (threads, hugepages) for the snapshot; the vCPU actuator is always made."""
         if not self.config.vm.enabled:
             return None
-        from agent.discover.vmm import VmSandboxes
-
-        return VmSandboxes(config=self.config.vm, procfs_root=self.config.host.procfs_root,
-                           cgroupfs=self.cgfs)
+        return VmmDiscovery(config=self.config.vm, procfs_root=self.config.host.procfs_root,
+                            cgroupfs=self.cgfs, sysfs_root=self.config.host.sysfs_root)
 
     def _log_status(self, name: str, status: CollectorStatus) -> None:
         """Log a collector's state once per change, never per cycle."""
@@ -141,7 +144,10 @@ class Parts:
         if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
         if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
-            containers = mark_sandboxed(containers, {s.pod for s in self.vms.sandboxes()})
+            found = self.vms.find(containers)
+            errors.extend(found.errors)
+            self._vmms = found.vmms
+            containers = mark_sandboxed(containers, {v.pod for v in found.vmms})
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         self._containers = containers
@@ -184,14 +190,15 @@ class Parts:
             cpus = CpuSet.parse(action.to)
             mems = CpuSet.parse(action.mems) if action.mems else None
             self.cpusets.apply(container, cpus, mems)
-            self._moved[container.id] = cpus  # VMM threads follow in maintain(), same cycle
         elif action.kind in ("rdt_class",) or (action.kind == "rollback" and action.undoes == "rdt_class"):
             self.resctrl.apply_class(container, action.to)
         else:
             raise PerfbalanceError(f"unknown action kind {action.kind!r} for {action.container}")
 
-    def maintain(self, snapshot: Snapshot, state: AgentState) -> list[str]:
-        """Per-cycle upkeep: drift re-assertion, RDT thread re-sweep, VMM thread masks."""
+    def maintain(self, snapshot: Snapshot, state: AgentState,
+                 pinning: Sequence[VcpuPinning] = ()) -> list[str]:
+        """Per-cycle upkeep: drift re-assertion, RDT thread re-sweep, and the plan's VMM thread
+        pinning (`Plan.vcpu_pinning`, planned with this cycle's moves)."""
         errors: list[str] = []
         containers = [s.container for s in snapshot.containers]
         n, errs = self.cpusets.maintain(containers)
@@ -203,14 +210,20 @@ class Parts:
         with state.lock:
             state.extra.update(self.resctrl.extra())
         if self.vms is not None:
-            report = self.vms.sync_snapshot(snapshot, moved=dict(self._moved))
-            errors.extend(report.errors)
-            errors.extend(report.problems)
-        self._moved.clear()
+            errors.extend(self.vcpus.apply(pinning).errors)
+            errors.extend(f"pod {p.pod}: {why}" for p in pinning for why in p.problems)
         return errors
 
+    def vmms(self) -> tuple[VmmProcess, ...]:
+        """The VMMs this cycle's discovery found (for `Snapshot.vmms`)."""
+        return self._vmms
+
     def vcpu_map(self) -> dict[str, dict[int, int]]:
-        return self.vms.vcpu_map() if self.vms is not None else {}
+        return self.vcpus.vcpu_map()
+
+    def vcpu_pinning(self) -> tuple[VcpuPinning, ...]:
+        """The VMM thread pinnings last applied (their guest NUMA layouts go into the report)."""
+        return self.vcpus.last.pinnings
 
     def close(self) -> None:
         for c in self.collectors:
@@ -234,8 +247,6 @@ def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) ->
 
 def mark_sandboxed(containers: Sequence[Container], vm_pods: set[str]) -> list[Container]:
     """Containers of pods where a VMM runs get `sandbox="vm"` unless pod metadata named the kind."""
-    from agent.discover.vmm import pod_key
-
     return [dataclasses.replace(c, sandbox="vm") if not c.sandbox and pod_key(c) in vm_pods else c
             for c in containers]
 

@@ -3,10 +3,10 @@
 A container in a VM sandbox runs on the VMM's vCPU threads, not on the processes in its own
 cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone translates them:
 
-* the sandbox mask (the Kata cpu-manager issue, seed 000, "mandatory" part): vCPU threads may run on the OR of the
-  sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
+* the sandbox mask (the mandatory part of the Kata cpu-manager proposal): vCPU threads may run on
+  the OR of the sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
   workers) go to the shared pool, never onto CPUs dedicated to containers (bergwolf's design);
-* 1:1 pinning (the same issue, second part): each CPU dedicated to a container gets its own vCPU,
+* 1:1 pinning (the proposal's second part): each CPU dedicated to a container gets its own vCPU,
   the host CPU <-> vCPU mapping is kept stable across moves and translates a container's host
   cpuset into the guest vCPU ids the in-guest agent must apply (so `nproc` inside matches);
 * sizing (Kata PR #7623): the vCPUs a sandbox needs are the VMM overhead plus the containers'
@@ -14,8 +14,8 @@ cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone tr
 * guest NUMA (KubeVirt PR "numa topology passthrough"): guest nodes whose vCPUs are pinned to one
   host node each, hugepages split as evenly as possible, and moves that keep vCPUs per host node.
 
-Everything here is a pure function of values; the agent's `agent/discover/vmm.py` finds the threads and
-applies the affinities this module plans.
+Everything here is a pure function of values: `agent/discover/vmm.py` finds the threads (into
+`Snapshot.vmms`), `plan_vcpus` turns them into `Plan.vcpu_pinning`, and `agent/act/vcpu.py` applies it.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from __future__ import annotations
 import posixpath
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet, union
 from perfbalance.errors import PerfbalanceError
-from perfbalance.model import Container, KubeletState
+from perfbalance.model import Action, Container, KubeletState, Snapshot
+from perfbalance.sandbox import GuestNode, PodHugepages, VcpuPinning, VmmProcess
 from perfbalance.topology import Topology
 
 HUGEPAGE_2M = 2 << 20
@@ -42,7 +43,7 @@ class VmLayoutError(PerfbalanceError, ValueError):
         super().__init__(f"{what}: {reason}: {value!r}")
 
 
-# -- sizing (seed 001) ---------------------------------------------------------------------------
+# -- sizing ---------------------------------------------------------------------------------------
 
 def vcpus_needed(*, overhead_mcpu: int, limits_mcpu: Iterable[int | None]) -> int:
     """vCPUs a sandbox needs: VMM overhead + containers' CPU limits, in mCPU, rounded up once.
@@ -119,7 +120,7 @@ def shared_pool(*, online: CpuSet, kubelet: KubeletState, reserved: CpuSet,
     return (base & online if online else base) - reserved - dedicated
 
 
-# -- 1:1 pinning and the host <-> vCPU mapping (seed 000, second part) ---------------------------
+# -- 1:1 pinning and the host <-> vCPU mapping -----------------------------------------------------
 
 VcpuMap = Mapping[str, Mapping[int, int]]  # container id -> host cpu -> vCPU index
 
@@ -216,8 +217,8 @@ def _node(topology: Topology, cpu: int) -> int:
 def to_guest(mapping: Mapping[int, int], host: CpuSet, *, container: str = "") -> CpuSet:
     """The guest vCPU ids a host cpuset corresponds to under `mapping` (host cpu -> vCPU).
 
-    This is what the in-guest agent must apply as the container's cpuset (seed 000, Case II:
-    host CPUs 4-6 are vCPUs 1-3 inside). Every host CPU must be mapped."""
+    This is what the in-guest agent must apply as the container's cpuset (host CPUs
+    4-6 pinned to vCPUs 1-3 are vCPUs 1-3 inside). Every host CPU must be mapped."""
     missing = host - CpuSet(mapping)
     if missing:
         raise VmLayoutError(f"host cpuset of {container or 'container'}", str(host),
@@ -235,7 +236,7 @@ def to_host(mapping: Mapping[int, int], guest: CpuSet, *, container: str = "") -
     return CpuSet(back[v] for v in guest)
 
 
-# -- the affinity plan of one sandbox (seed 000) ---------------------------------------------------
+# -- the affinity plan of one sandbox --------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxPlan:
@@ -289,19 +290,7 @@ def _first_nonempty(*sets: CpuSet) -> CpuSet:
     return CpuSet()
 
 
-# -- guest NUMA (seed 003) ----------------------------------------------------------------------------
-
-@dataclass(frozen=True, kw_only=True)
-class GuestNode:
-    """One guest NUMA node: its vCPUs, the host node and CPUs they are pinned to, its memory."""
-
-    id: int
-    vcpus: CpuSet
-    host_node: int
-    host_cpus: CpuSet
-    hugepages: int
-    memory_bytes: int
-
+# -- guest NUMA ---------------------------------------------------------------------------------------
 
 def split_hugepages(total: int, nodes: int) -> tuple[int, ...]:
     """Split `total` hugepages over `nodes` guest nodes as evenly as possible, the remainder going
@@ -323,7 +312,8 @@ def guest_numa(*, pins: Mapping[int, int], topology: Topology, hugepages: int,
 
     One guest node per host node the vCPUs are pinned to, so each guest node's vCPUs sit on one
     host node and it has no more CPUs than that node. Guest nodes are numbered in the order of
-    their lowest vCPU (vCPU 0, the boot CPU, is on guest node 0)."""
+    their lowest vCPU (vCPU 0, the boot CPU, is on guest node 0). `hugepages` 0: a VM without
+    hugepages, whose nodes get no memory of their own in the layout."""
     if not pins:
         raise VmLayoutError("vCPU pinning", {}, "guest NUMA needs at least one pinned vCPU")
     _check_pins(pins, topology)
@@ -332,7 +322,7 @@ def guest_numa(*, pins: Mapping[int, int], topology: Topology, hugepages: int,
         groups.setdefault(topology.cpu(pins[v]).node, []).append(v)
     host_nodes = topology.nodes()
     order = sorted(groups, key=lambda n: min(groups[n]))
-    pages = split_hugepages(hugepages, len(order))
+    pages = split_hugepages(hugepages, len(order)) if hugepages else (0,) * len(order)
     out = []
     for gid, node in enumerate(order):
         vs = CpuSet(groups[node])
@@ -395,3 +385,107 @@ def check_pinning_move(*, topology: Topology, before: Mapping[int, int],
     if moved:
         return "pinning move changes host NUMA nodes (" + ", ".join(moved) + ")"
     return None
+
+
+def guest_hugepage_problems(nodes: Sequence[GuestNode], held: PodHugepages | None) -> tuple[str, ...]:
+    """Guest nodes whose share of hugepages the pod does not hold on their host node (only when
+    the kernel says where the pod's hugepages are: hugetlb `numa_stat`)."""
+    if held is None or not held.per_node:
+        return ()
+    return tuple(f"guest node {n.id} (vCPUs {n.vcpus} on host node {n.host_node}) needs {n.hugepages} "
+                 f"hugepages there, the pod holds {held.per_node.get(n.host_node, 0)} on that node "
+                 f"(per node: {dict(sorted(held.per_node.items()))})"
+                 for n in nodes if held.per_node.get(n.host_node, 0) < n.hugepages)
+
+
+def main_hugepages(held: Sequence[PodHugepages]) -> PodHugepages | None:
+    """The hugepage size that backs the guest's memory: the one with the most bytes held."""
+    used = [h for h in held if h.total > 0]
+    return max(used, key=lambda h: (h.total * h.page_size_bytes, h.page_size_bytes)) if used else None
+
+
+# -- the vCPU pinning of every VM sandbox in a snapshot ---------------------------------------------
+
+def placed(snapshot: Snapshot, actions: Iterable[Action] = ()) -> list[Container]:
+    """The snapshot's containers with the cpusets its cpuset (and cpuset rollback) actions give."""
+    to = {a.container: CpuSet.parse(a.to, source=f"action on {a.container}") for a in actions
+          if a.kind == "cpuset" or (a.kind == "rollback" and a.undoes == "cpuset")}
+    return [replace(s.container, cpuset=to[s.id]) if s.id in to else s.container
+            for s in snapshot.containers]
+
+
+def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
+               previous: Sequence[VcpuPinning] = (), system_vcpus: int = 1,
+               pin_exclusive: bool = True) -> tuple[VcpuPinning, ...]:
+    """Where every VM sandbox's VMM threads must run once `actions` are applied.
+
+    One `VcpuPinning` per VMM of `snapshot.vmms` whose pod has containers: `plan_sandbox` over
+    the pod's containers (cpusets after the actions) and the node's shared pool, starting from
+    the host CPU <-> vCPU mapping of `previous` (the last cycle's pinnings: that is what keeps
+    it stable across moves), with the guest NUMA layout of the pinned vCPUs."""
+    containers = placed(snapshot, actions)
+    pool = shared_pool(online=snapshot.topology.online, kubelet=snapshot.kubelet,
+                       reserved=snapshot.reserved, containers=containers)
+    pods: dict[str, list[Container]] = {}
+    for c in containers:
+        pods.setdefault(pod_key(c), []).append(c)
+    before = {p.pod: p.mapping for p in previous}
+    out = []
+    for vmm in sorted(snapshot.vmms, key=lambda v: v.pod):
+        if vmm.pod not in pods:
+            continue
+        plan = plan_sandbox(containers=pods[vmm.pod], vcpus=vmm.vcpus, pool=pool,
+                            previous=before.get(vmm.pod, {}), system_vcpus=system_vcpus,
+                            pin_exclusive=pin_exclusive, topology=snapshot.topology)
+        out.append(pinning_of(vmm, plan, snapshot.topology))
+    return tuple(out)
+
+
+def pinning_of(vmm: VmmProcess, plan: SandboxPlan, topology: Topology) -> VcpuPinning:
+    """A sandbox plan as per-thread affinities, with its guest NUMA layout (problems named)."""
+    affinity = {tid: plan.vcpu_affinity[v] for v, tid in vmm.vcpus.items()}
+    affinity.update({tid: plan.helper_affinity for tid in vmm.helpers})
+    nodes, problems = sandbox_numa(plan.mapping, topology, vmm.hugepages)
+    return VcpuPinning(pod=vmm.pod, vmm_pid=vmm.pid, affinity=dict(sorted(affinity.items())),
+                       vcpu_threads=dict(vmm.vcpus), helpers=vmm.helpers, mapping=plan.mapping,
+                       guest_cpusets=plan.guest_cpusets, guest_numa=nodes,
+                       hugepages=vmm.hugepages, problems=plan.problems + problems)
+
+
+def sandbox_numa(mapping: VcpuMap, topology: Topology,
+                 held: Sequence[PodHugepages]) -> tuple[tuple[GuestNode, ...], tuple[str, ...]]:
+    """The guest NUMA layout of a sandbox's pinned vCPUs and the pod's main hugepage size, and
+    what is wrong with it (a layout that cannot be built is no layout and one problem)."""
+    pins = {v: h for m in mapping.values() for h, v in m.items()}
+    if not pins:
+        return (), ()
+    hp = main_hugepages(held)
+    try:
+        nodes = guest_numa(pins=pins, topology=topology, hugepages=hp.total if hp else 0,
+                           page_size_bytes=hp.page_size_bytes if hp else HUGEPAGE_2M)
+    except VmLayoutError as e:
+        return (), (f"guest NUMA: {e}",)
+    return nodes, guest_hugepage_problems(nodes, hp)
+
+
+def layout_move_problem(*, topology: Topology, vmm: VmmProcess, before: Sequence[Container],
+                        after: Sequence[Container], system_vcpus: int = 1) -> str | None:
+    """None when moving a sandbox's containers from `before` to `after` keeps its guest NUMA
+    layout: every pinned vCPU stays on its host NUMA node (`check_pinning_move`) and every guest
+    node stays on a host node where the pod holds its share of hugepages; else the reason."""
+    def pinned(cs: Sequence[Container], previous: VcpuMap | None) -> Pinning:
+        return map_vcpus(exclusive={c.id: c.cpuset for c in cs if c.exclusive and c.cpuset},
+                         vcpus=vmm.vcpus, previous=previous, system_vcpus=system_vcpus,
+                         topology=topology)
+
+    old = pinned(before, None)
+    new = pinned(after, old.mapping)
+    if not old.pinned:
+        return None
+    why = check_pinning_move(topology=topology, before=old.pinned, after=new.pinned)
+    if why:
+        return f"guest NUMA layout would break: {why}"
+    nodes, problems = sandbox_numa(new.mapping, topology, vmm.hugepages)
+    _, had = sandbox_numa(old.mapping, topology, vmm.hugepages)
+    fresh = [p for p in problems if p not in had]
+    return f"guest NUMA layout would break: {fresh[0]}" if fresh else None

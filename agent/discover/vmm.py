@@ -1,38 +1,34 @@
-"""VM sandboxes, the acting part: find a pod's VMM, classify its threads, set their affinity.
+"""VM sandboxes, the finding part: a pod's VMM, its threads sorted into vCPUs and helpers.
 
 In a Kata or KubeVirt pod the kubelet's cpusets land on cgroups whose work really runs on the
 VMM's vCPU threads; left alone those threads float over every CPU of the host, including CPUs the
-kubelet dedicated to someone else (the Kata cpu-manager issue, seed 000). Each cycle, and after every move, the loop
-calls `VmSandboxes.sync(...)`, which:
+kubelet dedicated to someone else. Each cycle, before the snapshot, `VmmDiscovery.find(...)`:
 
-1. groups VM-sandboxed containers by pod and finds the VMM process among the processes in the
-   pod's cgroup subtree (by comm or executable name, else by vCPU-named threads);
+1. groups containers by pod and finds the VMM process among the processes in the pod's cgroup
+   subtree (by comm or executable name, else by vCPU-named threads);
 2. classifies its threads from `<procfs>/<pid>/task/<tid>/comm`: vCPU threads (QEMU `CPU n/KVM`,
    Cloud Hypervisor `vcpun`, Firecracker `fc_vcpu n`, configurable) and helpers (main loop, I/O
    threads, vhost workers; also kernel `vhost-<vmm pid>` workers found in the pod's cgroups);
-3. plans with the pure `rebalancer.vm.plan_sandbox` (sandbox mask, 1:1 pinning for dedicated
-   CPUs with a stable host CPU <-> vCPU mapping, helpers on the shared pool);
-4. applies it with `sched_setaffinity` per TID, only where the thread's current affinity differs
-   (so calling it every cycle is cheap and idempotent), and reads every write back.
+3. reads the hugepages the pod holds per host node (agent/discover/hugepages.py).
 
-It never raises for a sandbox's trouble: problems and refused writes come back in the report.
+The result is `Snapshot.vmms`. Where the threads must run is the planner's decision
+(`rebalancer.vm.plan_vcpus` -> `Plan.vcpu_pinning`); `agent/act/vcpu.py` applies it. A pod's
+trouble never raises: it comes back as one line in `Found.errors`.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from agent.config import VmSection
+from agent.discover import hugepages
 from perfbalance.cgroupfs import Cgroupfs
-from perfbalance.cpuset import CpuSet
-from perfbalance.errors import ContainerGone, PerfbalanceError
-from perfbalance.model import Container, KubeletState, Snapshot
-from perfbalance.topology import Topology
-from rebalancer import vm
+from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
+from perfbalance.model import Container
+from perfbalance.sandbox import VmmProcess
 
 MAX_COMM_BYTES = 64
 VHOST_PREFIX = "vhost-"
@@ -148,110 +144,57 @@ class Procfs:
         return out
 
 
-# -- the actuator -------------------------------------------------------------------------------
+# -- discovery ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
-class SandboxStatus:
-    """One recognised VM sandbox after a sync."""
+class Found:
+    """The VMMs of one discovery pass and what could not be read (named per pod)."""
 
-    pod: str
-    cgroup: str
-    vmm_pid: int
-    vmm_comm: str
-    vcpus: Mapping[int, int]  # vCPU index -> TID
-    helpers: tuple[int, ...]
-    plan: vm.SandboxPlan
+    vmms: tuple[VmmProcess, ...] = ()
+    errors: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class SyncReport:
-    sandboxes: tuple[SandboxStatus, ...] = ()
-    writes: int = 0  # sched_setaffinity calls made (0 when everything already was right)
-    errors: tuple[str, ...] = ()  # refused writes, unreadable processes
-    problems: tuple[str, ...] = ()  # what the plan could not do (named per pod)
+class VmmDiscovery:
+    """Finds each VM-sandboxed pod's VMM, its threads and the pod's hugepages; decides nothing.
 
-
-Affinity = Callable[[int], set[int]]
-SetAffinity = Callable[[int, Iterable[int]], None]
-
-
-class VmSandboxes:
-    """Keeps VM sandboxes' threads where the containers' cpusets say, and the vCPU mapping.
-
-    `sync()` is what the loop calls every cycle and after moves; `vcpu_map()` is what goes into
-    `CycleReport.vcpu_map`; `guest_cpuset()` is what an in-guest agent must apply.
-    """
+    `find()` runs once per cycle, before the snapshot: its `VmmProcess`es go into
+    `Snapshot.vmms`, where the planner (`rebalancer.vm.plan_vcpus`) reads them."""
 
     def __init__(self, *, config: VmSection, procfs_root: str = "/proc",
                  cgroupfs: Cgroupfs | None = None, cgroup_root: str = "/sys/fs/cgroup",
-                 setaffinity: SetAffinity = os.sched_setaffinity,
-                 getaffinity: Affinity = os.sched_getaffinity) -> None:
-        self.config = config
+                 sysfs_root: str = "/sys") -> None:
         self.proc = Procfs(root=procfs_root)
         self.cgroupfs = cgroupfs if cgroupfs is not None else Cgroupfs(root=cgroup_root)
+        self.sysfs_root = sysfs_root
+        self.config = config
+
+    @property
+    def config(self) -> VmSection:
+        return self._config
+
+    @config.setter
+    def config(self, config: VmSection) -> None:
+        """A new `vm:` section takes effect at once, its patterns included."""
+        self._config = config
         self._vcpu_re = compile_patterns(config.vcpu_patterns)
         self._vmm_re = compile_patterns(config.vmm_patterns)
-        self._set, self._get = setaffinity, getaffinity
-        self._mapping: dict[str, dict[str, dict[int, int]]] = {}  # pod -> container -> host -> vCPU
-        self._last: tuple[SandboxStatus, ...] = ()
 
-    # -- queries ------------------------------------------------------------------------------
-    def vcpu_map(self) -> dict[str, dict[int, int]]:
-        """container id -> {host cpu: vCPU} for every container pinned 1:1 (for CycleReport)."""
-        return {cid: dict(m) for pods in self._mapping.values() for cid, m in pods.items()}
-
-    def guest_cpuset(self, container_id: str) -> CpuSet:
-        """The vCPU ids the in-guest agent must give the container (see docs/vm-sandboxes.md)."""
-        for s in self._last:
-            if container_id in s.plan.guest_cpusets:
-                return s.plan.guest_cpusets[container_id]
-        raise KeyError(container_id)
-
-    def to_guest(self, container_id: str, host: CpuSet) -> CpuSet:
-        """Translate a host cpuset of a pinned container into vCPU ids (VmLayoutError if unmapped)."""
-        return vm.to_guest(self.vcpu_map().get(container_id, {}), host, container=container_id)
-
-    def sandboxes(self) -> tuple[SandboxStatus, ...]:
-        return self._last
-
-    # -- the cycle ------------------------------------------------------------------------------
-    def sync(self, *, containers: Sequence[Container], kubelet: KubeletState = KubeletState(),
-             reserved: CpuSet = CpuSet(), online: CpuSet = CpuSet(),
-             topology: Topology | None = None) -> SyncReport:
-        """Recompute every sandbox's plan from the current cpusets and apply what differs."""
+    def find(self, containers: Sequence[Container]) -> Found:
+        """Every pod's VMM among `containers`' pods (only labelled pods unless
+        `detect_unlabelled`); pods without one are left out."""
         if not self.config.enabled:
-            return SyncReport()
-        online = online or (topology.online if topology is not None else CpuSet())
-        pool = vm.shared_pool(online=online, kubelet=kubelet, reserved=reserved,
-                              containers=containers)
-        found, writes, errors, problems = [], 0, [], []
+            return Found()
+        sizes = hugepages.page_sizes(self.sysfs_root)
+        found, errors = [], []
         for pod, members in sorted(self._pods(containers).items()):
             try:
-                status = self._sync_pod(pod, members, pool, topology)
+                vmm = self._find_pod(pod, members, sizes, errors)
             except (PerfbalanceError, OSError) as e:
                 errors.append(f"pod {pod}: {e}")
                 continue
-            if status is None:
-                continue
-            found.append(status)
-            problems.extend(f"pod {pod}: {p}" for p in status.plan.problems)
-            n, errs = self._apply(status)
-            writes += n
-            errors.extend(f"pod {pod}: {e}" for e in errs)
-        self._mapping = {s.pod: {c: dict(m) for c, m in s.plan.mapping.items()} for s in found}
-        self._last = tuple(found)
-        return SyncReport(sandboxes=self._last, writes=writes, errors=tuple(errors),
-                          problems=tuple(problems))
-
-    def sync_snapshot(self, snapshot: Snapshot, *,
-                      moved: Mapping[str, CpuSet] | None = None) -> SyncReport:
-        """`sync` from a Snapshot; `moved` (container id -> new cpuset) overrides the cpusets of
-        containers the actuators just moved, so the pinning follows them in the same cycle."""
-        moved = moved or {}
-        containers = [replace(s.container, cpuset=moved[s.id]) if s.id in moved else s.container
-                      for s in snapshot.containers]
-        return self.sync(containers=containers, kubelet=snapshot.kubelet,
-                         reserved=snapshot.reserved, topology=snapshot.topology)
+            if vmm is not None:
+                found.append(vmm)
+        return Found(vmms=tuple(found), errors=tuple(errors))
 
     def _pods(self, containers: Sequence[Container]) -> dict[str, list[Container]]:
         pods: dict[str, list[Container]] = {}
@@ -261,20 +204,21 @@ class VmSandboxes:
             return pods
         return {k: v for k, v in pods.items() if any(c.sandbox for c in v)}
 
-    def _sync_pod(self, pod: str, members: list[Container], pool: CpuSet,
-                  topology: Topology | None) -> SandboxStatus | None:
+    def _find_pod(self, pod: str, members: list[Container], sizes: tuple[int, ...],
+                  errors: list[str]) -> VmmProcess | None:
         cgroup = pod_cgroup(members)
         if not cgroup:
             return None  # containers at the top of the tree: no pod cgroup to search
-        vmm = self.find_vmm(cgroup, scan_threads=any(c.sandbox for c in members))
-        if vmm is None:
+        threads = self.find_vmm(cgroup, scan_threads=any(c.sandbox for c in members))
+        if threads is None:
             return None
-        plan = vm.plan_sandbox(containers=members, vcpus=vmm.vcpus, pool=pool,
-                               previous=self._mapping.get(pod, {}),
-                               system_vcpus=self.config.system_vcpus,
-                               pin_exclusive=self.config.pin_exclusive, topology=topology)
-        return SandboxStatus(pod=pod, cgroup=cgroup, vmm_pid=vmm.pid, vmm_comm=vmm.comm,
-                             vcpus=vmm.vcpus, helpers=vmm.helpers, plan=plan)
+        try:
+            held = hugepages.pod_hugepages(self.cgroupfs, cgroup, sizes)
+        except ParseError as e:
+            errors.append(f"pod {pod}: hugepages unknown: {e}")
+            held = ()
+        return VmmProcess(pod=pod, cgroup=cgroup, pid=threads.pid, comm=threads.comm,
+                          vcpus=threads.vcpus, helpers=threads.helpers, hugepages=held)
 
     # -- finding the VMM ------------------------------------------------------------------------
     def pod_pids(self, cgroup: str) -> list[int]:
@@ -330,34 +274,3 @@ class VmSandboxes:
             return self.proc.comm(pid)
         except ContainerGone:
             return None
-
-    # -- applying -------------------------------------------------------------------------------
-    def _apply(self, s: SandboxStatus) -> tuple[int, list[str]]:
-        wanted: dict[int, CpuSet] = {tid: s.plan.vcpu_affinity[v] for v, tid in s.vcpus.items()}
-        wanted.update({tid: s.plan.helper_affinity for tid in s.helpers})
-        writes, errors = 0, []
-        for tid, cpus in sorted(wanted.items()):
-            if not cpus:
-                continue
-            try:
-                if self._get(tid) == set(cpus):
-                    continue
-                writes += 1
-                self._set(tid, set(cpus))
-                got = self._get(tid)
-            except ProcessLookupError:
-                continue  # the thread exited; the next sync sees the new thread list
-            except OSError as e:
-                errors.append(_affinity_error(tid, cpus, e))
-                continue
-            if got != set(cpus):
-                errors.append(f"tid {tid}: affinity {cpus} read back as {CpuSet(got)} "
-                              "(its cgroup's cpuset does not allow all of them)")
-        return writes, errors
-
-
-def _affinity_error(tid: int, cpus: CpuSet, e: OSError) -> str:
-    name = errno.errorcode.get(e.errno or 0, str(e.errno))
-    hint = {errno.EINVAL: ": none of them is allowed by its cgroup's cpuset or online",
-            errno.EPERM: ": not permitted (the agent needs CAP_SYS_NICE and hostPID)"}
-    return f"tid {tid}: sched_setaffinity {cpus} refused ({name}){hint.get(e.errno or 0, '')}"

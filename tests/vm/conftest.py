@@ -8,16 +8,20 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
+from agent.act.vcpu import VcpuActuator
 from agent.config import VmSection
-from agent.discover.vmm import VmSandboxes
+from agent.discover.vmm import VmmDiscovery
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Container
+from perfbalance.model import Container, ContainerSample, KubeletState, Plan, Snapshot
+from perfbalance.sandbox import VcpuPinning
+from perfbalance.topology import Topology, synthetic
+from rebalancer import vm
 
 STANDIN = Path(__file__).with_name("standin_vmm.py")
 ALL = CpuSet.parse("0-1")
@@ -116,6 +120,63 @@ def pod(cg: Cgroupfs) -> Iterator[Pod]:
         cg.remove(top)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Synced:
+    """One cycle of the three rooms: what was found, planned and applied."""
+
+    sandboxes: tuple[VcpuPinning, ...]
+    writes: int
+    errors: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+class Cycle:
+    """discover -> plan -> act for VM sandboxes, as the agent's loop does them each cycle:
+    `VmmDiscovery.find` into `Snapshot.vmms`, `rebalancer.vm.plan_vcpus` (with the previous
+    cycle's pinning) into `Plan.vcpu_pinning`, `VcpuActuator.apply`."""
+
+    def __init__(self, cg: Cgroupfs, config: VmSection = VmSection()) -> None:
+        self.config = config
+        self.discovery = VmmDiscovery(config=config, procfs_root="/proc", cgroupfs=cg)
+        self.actuator = VcpuActuator()
+        self.pinning: tuple[VcpuPinning, ...] = ()
+
+    def find_vmm(self, cgroup: str, *, scan_threads: bool = True):
+        return self.discovery.find_vmm(cgroup, scan_threads=scan_threads)
+
+    def sync(self, *, containers, kubelet=KubeletState(), online: CpuSet = ALL,
+             topology: Topology | None = None) -> Synced:
+        topo = topology or synthetic(packages=1, cores_per_node=max(online) + 1)
+        found = self.discovery.find(containers)
+        snap = Snapshot(time=0.0, window=1.0, node="n", topology=topo, kubelet=kubelet,
+                        containers=tuple(ContainerSample(container=c) for c in containers),
+                        vmms=found.vmms)
+        return self.sync_snapshot(snap, errors=found.errors)
+
+    def sync_snapshot(self, snap: Snapshot, *, plan: Plan | None = None, errors=()) -> Synced:
+        if not snap.vmms:
+            snap = replace(snap, vmms=self.discovery.find([s.container for s in snap.containers]).vmms)
+        actions = plan.actions if plan is not None else ()
+        self.pinning = vm.plan_vcpus(snap, actions=actions, previous=self.pinning,
+                                     system_vcpus=self.config.system_vcpus,
+                                     pin_exclusive=self.config.pin_exclusive)
+        applied = self.actuator.apply(self.pinning)
+        return Synced(sandboxes=self.pinning, writes=applied.writes, errors=(*errors, *applied.errors),
+                      problems=tuple(f"pod {p.pod}: {x}" for p in self.pinning for x in p.problems))
+
+    def vcpu_map(self) -> dict[str, dict[int, int]]:
+        return self.actuator.vcpu_map()
+
+    def guest_cpuset(self, container_id: str) -> CpuSet:
+        for p in self.pinning:
+            if container_id in p.guest_cpusets:
+                return p.guest_cpusets[container_id]
+        raise KeyError(container_id)
+
+    def to_guest(self, container_id: str, host: CpuSet) -> CpuSet:
+        return vm.to_guest(self.vcpu_map().get(container_id, {}), host, container=container_id)
+
+
 @pytest.fixture
-def sandboxes(cg: Cgroupfs) -> VmSandboxes:
-    return VmSandboxes(config=VmSection(), procfs_root="/proc", cgroupfs=cg)
+def sandboxes(cg: Cgroupfs) -> Cycle:
+    return Cycle(cg)

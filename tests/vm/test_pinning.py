@@ -7,7 +7,7 @@ import pytest
 
 from agent.export.report import CycleReport
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import KubeletState, Plan, Snapshot
+from perfbalance.model import Action, KubeletState, Plan, Snapshot
 from perfbalance.topology import synthetic
 from rebalancer.vm import VmLayoutError
 from tests.vm.conftest import ALL, QEMU
@@ -84,8 +84,8 @@ def test_vcpu_map_fits_the_run_json_line(pod, sandboxes):
 
 def test_without_pinning_the_dedicated_container_floats_over_the_mask(pod, cg):
     from agent.config import VmSection
-    from agent.discover.vmm import VmSandboxes
-    sandboxes = VmSandboxes(config=VmSection(pin_exclusive=False), cgroupfs=cg)
+    from tests.vm.conftest import Cycle
+    sandboxes = Cycle(cg, VmSection(pin_exclusive=False))
     vmm = pod.spawn(*QEMU)
     containers, kubelet = place(pod, dedicated="1", shared="0")
     sandboxes.sync(containers=containers, kubelet=kubelet, online=ALL)
@@ -93,7 +93,7 @@ def test_without_pinning_the_dedicated_container_floats_over_the_mask(pod, cg):
     assert vmm.affinity("CPU 0/KVM") == ALL and vmm.affinity("CPU 1/KVM") == ALL
 
 
-def test_sync_snapshot_follows_a_move_in_the_same_cycle(pod, sandboxes):
+def test_pinning_follows_the_plans_moves_in_the_same_cycle(pod, sandboxes):
     from perfbalance.model import ContainerSample
     vmm = pod.spawn(*QEMU)
     containers, kubelet = place(pod, dedicated="1", shared="0")
@@ -106,7 +106,9 @@ def test_sync_snapshot_follows_a_move_in_the_same_cycle(pod, sandboxes):
     moved_kubelet = KubeletState(policy="static", default_cpuset=ONE, exclusive={(pod.uid, "ctr-a"): ZERO})
     snap = Snapshot(time=1.0, window=1.0, node="n", kubelet=moved_kubelet, topology=snap.topology,
                     containers=snap.containers)
-    report = sandboxes.sync_snapshot(snap, moved={a.id: ZERO, b.id: ONE})
+    moves = (Action(kind="cpuset", container=a.id, frm="1", to="0", reason="planned move"),
+             Action(kind="cpuset", container=b.id, frm="0", to="1", reason="planned move"))
+    report = sandboxes.sync_snapshot(snap, plan=Plan(time=1.0, actions=moves))
     assert report.errors == ()
     assert sandboxes.vcpu_map() == {a.id: {0: 1}}
     assert vmm.affinity("CPU 1/KVM") == ZERO and vmm.affinity("CPU 0/KVM") == ONE
