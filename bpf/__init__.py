@@ -7,13 +7,13 @@ bcc compiles. Programs read tracepoint fields and helpers only, never kernel str
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 from perfbalance.errors import ParseError
+from perfbalance.names import C_IDENTIFIER, is_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,6 @@ PROGRAMS: dict[str, Program] = {
 }
 
 DefineValue = int | bool | str
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @cache
@@ -59,7 +58,7 @@ def render_text(text: str, defines: Mapping[str, DefineValue], *, name: str = "b
     lines = [f"// rendered by perfbalance: {name}"]
     for key in sorted(defines):
         value = defines[key]
-        if not _IDENT.match(key):
+        if not is_name(key, C_IDENTIFIER):
             raise ParseError(f"{name} define", key, "not a C identifier")
         if value is False:
             continue
@@ -67,7 +66,7 @@ def render_text(text: str, defines: Mapping[str, DefineValue], *, name: str = "b
             lines.append(f"#define {key}")
         elif isinstance(value, int):
             lines.append(f"#define {key} {value}")
-        elif isinstance(value, str) and _IDENT.match(value):
+        elif isinstance(value, str) and is_name(value, C_IDENTIFIER):
             lines.append(f"#define {key} {value}")
         else:
             raise ParseError(f"{name} define {key}", value, "must be a bool, an int or a C identifier")

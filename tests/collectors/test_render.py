@@ -34,6 +34,12 @@ def test_define_value_must_not_inject_code() -> None:
         bpf.render("avx512", {"PB_MAX_KEYS": "1; evil()"})
 
 
+@pytest.mark.parametrize("defines", [{"PB_X\n": 1}, {"PB_X": "KEY\n"}])
+def test_a_define_name_or_value_with_a_trailing_newline_is_refused(defines: dict) -> None:
+    with pytest.raises(ParseError, match="PB_X"):
+        bpf.render_text("int x;", defines, name="t")
+
+
 def test_unknown_program_is_rejected() -> None:
     with pytest.raises(ParseError, match="nosuch"):
         bpf.render("nosuch", {})
