@@ -5,7 +5,8 @@ collectors use), starts three workloads in them — a numpy `exp` loop using a w
 512-bit instructions), a shell loop (scalar, but glibc's EVEX-256 string code) and a
 cache-hungry random walk over 64 MiB, the last two at about 40 % of a CPU each — runs the agent
 on them with `discovery.globs`, prints what it saw, planned and moved, and removes everything on
-exit (also on Ctrl-C).
+exit (also on Ctrl-C). A workload that dies (numpy missing: `pip install 'perfbalance[demo]'`)
+stops the demo at once with its name, exit status and last stderr line, and exit status 1.
 
 On a 2-CPU machine each CPU is its own core, so the AVX-512 island is one CPU and the scalar
 and cache workloads share the other. When this CPU model loses no frequency to AVX-512
@@ -26,11 +27,12 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TextIO
+from typing import IO, Protocol, TextIO
 
 from agent.config import Config, load_config, node_name
 from agent.export.report import CycleReport
 from perfbalance.cgroupfs import Cgroupfs
+from perfbalance.errors import ContainerGone
 
 DEMO_BASE = "perfbalance-demo"
 ASSUMED_LICENSE_LOSS = 0.2
@@ -62,6 +64,55 @@ class Workload:
     name: str
     cgroup: str
     proc: subprocess.Popen[bytes]
+    stderr: IO[bytes] | None = None  # what it wrote to stderr, read back when it dies
+
+
+def death(w: Workload) -> str | None:
+    """One line naming `w`, how it ended and its last stderr line; None while it runs.
+
+    A demo workload never ends by itself: any exit, status 0 included, leaves the table empty."""
+    status = w.proc.poll()
+    if status is None:
+        return None
+    how = (f"was killed by signal {signal.Signals(-status).name}" if status < 0
+           else f"exited with status {status}")
+    line = f"workload {w.name} (pid {w.proc.pid}, cgroup {w.cgroup}) {how}"
+    last = _last_line(w.stderr)
+    if last:
+        line += f": {last}"
+    if "No module named" in last:
+        line += " (the demo's workloads need numpy: pip install 'perfbalance[demo]')"
+    return line
+
+
+def _last_line(f: IO[bytes] | None, limit: int = 4096) -> str:
+    if f is None:
+        return ""
+    f.seek(0, os.SEEK_END)
+    f.seek(max(0, f.tell() - limit))
+    lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+class Stoppable(Protocol):
+    async def run(self) -> int: ...
+    def request_stop(self) -> None: ...
+
+
+async def supervised(agent: Stoppable, started: Sequence[Workload], *, poll: float = 0.2) -> list[str]:
+    """Run `agent` while watching the workloads; stop it as soon as one dies.
+
+    Returns one line per dead workload (empty when all ran to the end)."""
+    task = asyncio.create_task(agent.run(), name="perfbalance-demo-agent")
+    dead: list[str] = []
+    while not task.done():
+        dead = [d for d in map(death, started) if d]
+        if dead:
+            agent.request_stop()
+            break
+        await asyncio.wait({task}, timeout=poll)
+    await task
+    return dead or [d for d in map(death, started) if d]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,11 +135,15 @@ def workloads(cgfs: Cgroupfs, commands: Mapping[str, list[str]] = WORKLOADS, *,
             rel = f"{base}/{name}"
             cgfs.create(rel)
             created.append(rel)
+            err = tempfile.TemporaryFile()
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True)
-            started.append(Workload(name=name, cgroup=rel, proc=proc))
-            cgfs.attach(rel, proc.pid)
+            started.append(Workload(name=name, cgroup=rel, proc=proc, stderr=err))
+            try:
+                cgfs.attach(rel, proc.pid)
+            except ContainerGone:  # died at once: death() reports it with its stderr
+                pass
         yield started
     finally:
         for w in started:
@@ -97,6 +152,8 @@ def workloads(cgfs: Cgroupfs, commands: Mapping[str, list[str]] = WORKLOADS, *,
             except ProcessLookupError:
                 pass
             w.proc.wait()
+            if w.stderr is not None:
+                w.stderr.close()
         for rel in reversed(created):
             try:
                 cgfs.remove(rel)
@@ -190,7 +247,11 @@ def main(args: argparse.Namespace) -> int:
         with workloads(cgfs) as started:
             print("started: " + ", ".join(f"{w.name} (pid {w.proc.pid})" for w in started))
             agent = Agent(cfg, node=node_name(), cycles=cycles, json_out=out)  # type: ignore[arg-type]
-            asyncio.run(agent.run())
+            dead = asyncio.run(supervised(agent, started))
+            for line in dead:
+                print(f"perfbalance demo: {line}", file=sys.stderr)
+            if dead:
+                return 1
             summarize(agent.state.latest, started)
     except KeyboardInterrupt:
         print("\ninterrupted; cleaning up")
