@@ -25,6 +25,11 @@ class Program:
     doc: str
     also: tuple[tuple[str, str], ...] = ()  # further tracepoints of the same program
 
+    @property
+    def tracepoints(self) -> tuple[tuple[str, str], ...]:
+        """Every (category, event) the program attaches to: all must exist to load it."""
+        return (self.tracepoint, *self.also)
+
 
 PROGRAMS: dict[str, Program] = {
     "avx512": Program(
@@ -41,6 +46,17 @@ PROGRAMS: dict[str, Program] = {
         defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID"),
         doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
+
+
+def all_tracepoints() -> tuple[tuple[str, str], ...]:
+    """The tracepoints of every program, each once, in program order."""
+    return tuple(dict.fromkeys(tp for p in PROGRAMS.values() for tp in p.tracepoints))
+
+
+def probe_function(tracepoint: tuple[str, str]) -> bytes:
+    """bcc's name for the TRACEPOINT_PROBE(category, event) function: tracepoint__<cat>__<event>."""
+    return f"tracepoint__{tracepoint[0]}__{tracepoint[1]}".encode()
+
 
 DefineValue = int | bool | str
 
@@ -81,8 +97,12 @@ def render(name: str, defines: Mapping[str, DefineValue]) -> str:
     return render_text(template(name), defines, name=name)
 
 
-def dump(defines: Mapping[str, Mapping[str, DefineValue]] | None = None) -> str:
-    """Every program rendered (with `defines[name]` or the defaults), for `--dump-bpf`."""
-    defines = defines or {}
-    return "\n".join(f"/* ===== {n}: {p.doc} ===== */\n{render(n, defines.get(n, {}))}"
-                     for n, p in PROGRAMS.items())
+def cflags(name: str, defines: Mapping[str, DefineValue]) -> list[str]:
+    """The `-D` flags with the same effect as the `#define` lines render() prepends."""
+    lines = render(name, defines).split("\n\n", 1)[0].splitlines()
+    out = []
+    for line in lines:
+        if line.startswith("#define "):
+            key, _, value = line.removeprefix("#define ").partition(" ")
+            out.append(f"-D{key}={value}" if value else f"-D{key}")
+    return out

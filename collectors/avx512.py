@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors import archstatus, bpfenv
-from collectors.base import Metrics
+from collectors import archstatus
+from collectors.base import LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.loader import prepare
+from collectors.bpfenv.maps import CountingMap
 from collectors.config import Avx512Config
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -98,6 +101,11 @@ def per_container(deltas: Mapping[int, tuple[int, ...]], owners: Mapping[int, tu
     return out
 
 
+def bpf_defines(config: Avx512Config, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
+    """The -D flags of bpf/avx512.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
+    return {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+
+
 class Avx512Collector:
     """The `avx512` collector (see the module docstring). Implements collectors.base.Collector."""
 
@@ -108,13 +116,13 @@ class Avx512Collector:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
         self._bpf: Any = None
-        self._map: bpfenv.CountingMap | None = None
-        self._keys: bpfenv.KeyMap | None = None
+        self._map: CountingMap | None = None
+        self._keys: KeyMap | None = None
         self._owners: dict[int, tuple[str, str]] = {}
         self._state: dict[str, Smoothed] = {}
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
-        self._log = bpfenv.LogOnce(log)
+        self._log = LogOnce(log)
         self.defines: dict[str, bpf.DefineValue] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -138,14 +146,14 @@ class Avx512Collector:
                          + f"no AVX-512 arch_status in {self.host.procfs} (CPU without AVX-512F?)")
 
     def _start_bpf(self) -> CollectorStatus:
-        env = bpfenv.prepare(self.host, need=["avx512"])
+        env = prepare(self.host, need=["avx512"])
         pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
-        self.defines = {"PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
+        self.defines = bpf_defines(self.config, pid_keys=pid_keys)
         self._bpf = env.load(bpf.render("avx512", self.defines))
-        live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
-        self._map = bpfenv.CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
-                                       max_keys=self.config.max_keys, live=live)
-        self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._map = CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
+                                max_keys=self.config.max_keys, live=live)
+        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 

@@ -7,6 +7,7 @@ normal), a collector-wide failure flips `status()` to down with a reason, logged
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -29,3 +30,16 @@ class Collector(Protocol):
 
     def close(self) -> None:
         """Release everything (detach BPF, close fds, remove our groups). Idempotent."""
+
+
+class LogOnce:
+    """Log each distinct message of a collector once (cadvisor logs missing features once)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._seen: set[str] = set()
+
+    def warning(self, msg: str) -> None:
+        if msg not in self._seen:
+            self._seen.add(msg)
+            self.logger.warning("%s", msg)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance import cgroupfs as cg
-from collectors.bpfenv import LogOnce
-from collectors.base import Metrics
+from collectors.base import LogOnce, Metrics
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import CollectorStatus, Container
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from collectors.events import parse_event
+from perfbalance.errors import ParseError
 from perfbalance.settings import setting
 
 MAX_PMU_EVENTS = 8
 
 
 def _events(value: tuple[str, ...]) -> str | None:
-    from collectors.perf import parse_event  # noqa: PLC0415 (avoid a cycle at import time)
-    from perfbalance.errors import ParseError  # noqa: PLC0415
-
     if len(value) > MAX_PMU_EVENTS - 1:  # task_clock is always added
         return f"at most {MAX_PMU_EVENTS - 1} events"
     for text in value:

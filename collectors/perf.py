@@ -18,91 +18,30 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors import bpfenv
-from collectors.base import Metrics
+from collectors.base import LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.loader import prepare
+from collectors.bpfenv.kernel import kernel_ok
+from collectors.bpfenv.maps import CountingMap
 from collectors.config import PerfConfig
+from collectors.events import KNOWN, SOFTWARE_FALLBACK, EventSpec, parse_event, parse_events
+from perfbalance import cpus
 from perfbalance.errors import FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.host import HostPaths
 from perfbalance.model import CollectorStatus, Container
 
 log = logging.getLogger(__name__)
 
-PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_RAW = 0, 1, 4
 PERF_FLAG_FD_CLOEXEC = 1 << 3
 PERF_FLAG_PID_CGROUP = 1 << 2
 PERF_FORMAT_TOTAL_TIME_ENABLED, PERF_FORMAT_TOTAL_TIME_RUNNING = 1, 2
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
-
-
-@dataclass(frozen=True, kw_only=True)
-class EventSpec:
-    """One event: a metric-safe name, the perf type/config, and how its unit converts."""
-
-    name: str  # metric stem: instructions, task_clock, core_power_lvl2_turbo_license
-    type: int
-    config: int
-    unit_scale: float = 1.0  # task-clock counts ns -> seconds
-    unit: str = ""  # "seconds" for clocks: metric task_clock_seconds_per_second
-
-    @property
-    def hardware(self) -> bool:
-        return self.type != PERF_TYPE_SOFTWARE
-
-    @property
-    def stem(self) -> str:
-        return f"{self.name}_{self.unit}" if self.unit else self.name
-
-
-KNOWN: dict[str, EventSpec] = {e.name: e for e in (
-    EventSpec(name="cycles", type=PERF_TYPE_HARDWARE, config=0),
-    EventSpec(name="instructions", type=PERF_TYPE_HARDWARE, config=1),
-    EventSpec(name="llc_references", type=PERF_TYPE_HARDWARE, config=2),
-    EventSpec(name="llc_misses", type=PERF_TYPE_HARDWARE, config=3),
-    EventSpec(name="branches", type=PERF_TYPE_HARDWARE, config=4),
-    EventSpec(name="branch_misses", type=PERF_TYPE_HARDWARE, config=5),
-    EventSpec(name="cpu_clock", type=PERF_TYPE_SOFTWARE, config=0, unit_scale=1e-9, unit="seconds"),
-    EventSpec(name="task_clock", type=PERF_TYPE_SOFTWARE, config=1, unit_scale=1e-9, unit="seconds"),
-    EventSpec(name="page_faults", type=PERF_TYPE_SOFTWARE, config=2),
-    EventSpec(name="context_switches", type=PERF_TYPE_SOFTWARE, config=3),
-    EventSpec(name="cpu_migrations", type=PERF_TYPE_SOFTWARE, config=4),
-)}
-SOFTWARE_FALLBACK = ("task_clock", "context_switches", "cpu_migrations")
-_ALIASES = {"cache_references": "llc_references", "cache_misses": "llc_misses",
-            "cpu_cycles": "cycles", "cs": "context_switches", "migrations": "cpu_migrations"}
-_RAW = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*(0[xX][0-9a-fA-F]+|\d+)\s*$")
-
-
-def metric_name(text: str) -> str:
-    """`CORE_POWER.LVL2_TURBO_LICENSE` -> `core_power_lvl2_turbo_license`."""
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-
-
-def parse_event(text: str) -> EventSpec:
-    """A known event name (`instructions`, `task-clock`, ...) or a raw one `NAME=0xCONFIG`."""
-    m = _RAW.match(text)
-    if m:
-        return EventSpec(name=metric_name(m[1]), type=PERF_TYPE_RAW, config=int(m[2], 0))
-    key = metric_name(text)
-    key = _ALIASES.get(key, key)
-    if key not in KNOWN:
-        raise ParseError("perf event", text, f"unknown (known: {', '.join(sorted(KNOWN))}; raw: NAME=0xCONFIG)")
-    return KNOWN[key]
-
-
-def parse_events(texts: Iterable[str]) -> tuple[EventSpec, ...]:
-    out: list[EventSpec] = []
-    for t in texts:
-        e = parse_event(t)
-        if e.name not in {x.name for x in out}:
-            out.append(e)
-    return tuple(out)
 
 
 # --- perf_event_open through ctypes --------------------------------------------------------------
@@ -160,32 +99,25 @@ def scaled(counter: int, enabled: int, running: int) -> float:
     return counter * (enabled / running) if enabled > running else float(counter)
 
 
-CPULIST_MAX_BYTES = 64 << 10  # sysfs cpu lists fit in a page; anything bigger is not a cpu list
-
-
-def _cpulist(sysfs: str, name: str) -> str:
-    path = os.path.join(sysfs, "devices/system/cpu", name)
-    return bpfenv.read_small(path, CPULIST_MAX_BYTES, f"cpu list {name}").strip()
-
-
 def online_cpus(sysfs: str = "/sys") -> list[int]:
-    from perfbalance.cpuset import CpuSet  # noqa: PLC0415
+    """The online CPUs (perfbalance.cpus); all `os.cpu_count()` when sysfs cannot say."""
     try:
-        return sorted(CpuSet.parse(_cpulist(sysfs, "online")))
-    except OSError:
+        return sorted(cpus.online_cpus(sysfs))
+    except (OSError, FeatureUnavailable):
         return list(range(os.cpu_count() or 1))
 
 
 def possible_cpus(sysfs: str = "/sys") -> int:
     """Highest possible CPU + 1 (the perf array's stride); an unparsable list raises ParseError."""
-    from perfbalance.cpuset import CpuSet  # noqa: PLC0415
     try:
-        cpus = CpuSet.parse(_cpulist(sysfs, "possible"))
+        possible = cpus.read_cpu_list(sysfs, "possible")
     except OSError:
+        possible = None
+    if possible is None:
         return os.cpu_count() or 1
-    if not cpus:
+    if not possible:
         raise ParseError("cpu list possible", "", "empty", source=sysfs)
-    return max(cpus) + 1
+    return max(possible) + 1
 
 
 def probe_events(names: Sequence[str] = ("cycles", "instructions", "llc_references", "llc_misses",
@@ -292,7 +224,7 @@ class _Base:
         self._totals: dict[str, dict[str, float]] = {}
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
-        self._log = bpfenv.LogOnce(log)
+        self._log = LogOnce(log)
 
     def status(self) -> CollectorStatus:
         return self._status
@@ -337,6 +269,11 @@ class _Base:
         return out
 
 
+def bpf_defines(config: PerfConfig, *, nevents: int, ncpu: int, pid_keys: bool) -> dict[str, bpf.DefineValue]:
+    """The -D flags of bpf/pmu.bpf.c: events x possible CPUs perf array (pure: `doctor --dump-bpf`)."""
+    return {"PB_NEVENTS": nevents, "PB_NCPU": ncpu, "PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+
+
 class BpfPerfCollector(_Base):
     """Mode `bpf`: events opened once per CPU, attributed by the `pmu` sched_switch program."""
 
@@ -344,27 +281,26 @@ class BpfPerfCollector(_Base):
         super().__init__(config=config, host=host, cgroupfs=cgroupfs)
         self._force_pid_keys = pid_keys
         self._bpf: Any = None
-        self._map: bpfenv.CountingMap | None = None
-        self._keys: bpfenv.KeyMap | None = None
+        self._map: CountingMap | None = None
+        self._keys: KeyMap | None = None
         self._owners: dict[int, tuple[str, str]] = {}
-        self.defines: dict[str, Any] = {}
+        self.defines: dict[str, bpf.DefineValue] = {}
 
     def start(self) -> CollectorStatus:
         try:
             notes = self._choose()
-            env = bpfenv.prepare(self.host, need=["pmu"])
-            if not bpfenv.kernel_ok(env.version, "bpf_perf_event_read_value"):
+            env = prepare(self.host, need=["pmu"])
+            if not kernel_ok(env.version, "bpf_perf_event_read_value"):
                 raise FeatureUnavailable("bpf", f"kernel {env.release} < 4.15 (no bpf_perf_event_read_value)")
             pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
             ncpu = possible_cpus(self.host.sysfs)
-            self.defines = {"PB_NEVENTS": len(self.events), "PB_NCPU": ncpu,
-                            "PB_MAX_KEYS": self.config.max_keys, "PB_KEY_PID": pid_keys}
+            self.defines = bpf_defines(self.config, nevents=len(self.events), ncpu=ncpu, pid_keys=pid_keys)
             self._bpf = env.load(bpf.render("pmu", self.defines))
             self._open_into(self._bpf[b"pmu_events"], ncpu)
-            live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
-            self._map = bpfenv.CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
-                                           batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
-            self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+            live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+            self._map = CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
+                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
+            self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()
             reason = getattr(e, "reason", None) or str(e)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from collectors.base import Metrics
-from collectors.bpfenv import LogOnce
+from collectors.base import LogOnce, Metrics
 from perfbalance.errors import ContainerGone, PerfbalanceError, ResctrlError
 from perfbalance.model import CollectorStatus, Container
 from resctrl.fs import Counter

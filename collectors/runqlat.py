@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors import bpfenv
-from collectors.base import Metrics
+from collectors.base import LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.loader import prepare
+from collectors.bpfenv.maps import CountingMap
 from collectors.config import RunqlatConfig
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -31,9 +33,7 @@ log = logging.getLogger(__name__)
 
 SLOTS = 24  # PB_SLOTS in bpf/runqlat.bpf.c
 FIELDS = ("slot", "sum_ns")
-TRACEPOINTS = (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch"))
-# bcc names a TRACEPOINT_PROBE(category, event) function tracepoint__<category>__<event>.
-FUNCS = {event: f"tracepoint__{cat}__{event}".encode() for cat, event in TRACEPOINTS}
+FUNCS = {tp[1]: bpf.probe_function(tp) for tp in bpf.PROGRAMS["runqlat"].tracepoints}  # event -> bcc function
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,7 @@ class Histogram:
 
     @classmethod
     def from_row(cls, row: Sequence[int]) -> Histogram:
-        """A flat map row (SLOTS slots, sum_ns) as read by bpfenv.read_table."""
+        """A flat map row (SLOTS slots, sum_ns) as read by collectors.bpfenv.maps.read_table."""
         return cls(slots=tuple(row[:SLOTS]), sum_ns=int(row[SLOTS]))
 
     @property
@@ -111,6 +111,12 @@ def window_metrics(h: Histogram, window: float) -> dict[str, float]:
     return out
 
 
+def bpf_defines(config: RunqlatConfig, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
+    """The -D flags of bpf/runqlat.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
+    return {"PB_MAX_KEYS": config.max_keys, "PB_TASK_BITS": max(10, (config.max_tasks - 1).bit_length()),
+            "PB_KEY_PID": pid_keys}
+
+
 class RunqlatCollector:
     """The `runqlat` collector (see the module docstring). Implements collectors.base.Collector."""
 
@@ -121,12 +127,12 @@ class RunqlatCollector:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
         self._bpf: Any = None
-        self._map: bpfenv.CountingMap | None = None
-        self._keys: bpfenv.KeyMap | None = None
+        self._map: CountingMap | None = None
+        self._keys: KeyMap | None = None
         self._owners: dict[int, tuple[str, str]] = {}
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
-        self._log = bpfenv.LogOnce(log)
+        self._log = LogOnce(log)
         self.defines: dict[str, bpf.DefineValue] = {}
         self.histograms: dict[str, Histogram] = {}  # the last window's, per container
 
@@ -142,19 +148,14 @@ class RunqlatCollector:
             return self._set(False, f"BPF unavailable: {reason}")
 
     def _start_bpf(self) -> CollectorStatus:
-        env = bpfenv.prepare(self.host)
-        for cat, event in TRACEPOINTS:
-            if not bpfenv.tracepoint_exists(self.host.tracefs, cat, event):
-                raise FeatureUnavailable("bpf", f"tracepoint {cat}/{event} not in {self.host.tracefs}/events")
+        env = prepare(self.host, need=["runqlat"])
         pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
-        self.defines = {"PB_MAX_KEYS": self.config.max_keys,
-                        "PB_TASK_BITS": max(10, (self.config.max_tasks - 1).bit_length()),
-                        "PB_KEY_PID": pid_keys}
+        self.defines = bpf_defines(self.config, pid_keys=pid_keys)
         self._bpf = env.load(bpf.render("runqlat", self.defines))
-        live = bpfenv.LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
-        self._map = bpfenv.CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
-                                       max_keys=self.config.max_keys, live=live)
-        self._keys = bpfenv.KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
+                                max_keys=self.config.max_keys, live=live)
+        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 

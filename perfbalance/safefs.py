@@ -31,7 +31,7 @@ import os
 import stat as _stat
 from collections.abc import Iterable
 
-from perfbalance.errors import PerfbalanceError
+from perfbalance.errors import ParseError, PerfbalanceError
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 CGROUP_SUPER_MAGIC = 0x0027E0EB
@@ -309,6 +309,22 @@ def read_bounded(fd: int, limit: int, what: str = "") -> bytes:
         if total > limit:
             raise OverflowError(f"{what or 'file'} is larger than {limit} bytes")
     return b"".join(chunks)
+
+
+def read_text(path: str, limit: int, what: str) -> str:
+    """A whole host file of at most `limit` bytes as text (undecodable bytes replaced).
+
+    Beyond the limit: ParseError naming `what` and the path (a corrupt or hostile file is an
+    error, not a memory spike). OSError (absent, refused) is raised unchanged.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = read_bounded(fd, limit, path)
+    except OverflowError:
+        raise ParseError(what, path, f"larger than {limit} bytes") from None
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8", errors="replace")
 
 
 def _creates(flags: int) -> bool:

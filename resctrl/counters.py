@@ -15,38 +15,31 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-
-@dataclass
-class _Track:
-    last: int
-    total: float = 0.0
+from perfbalance.counters import CounterDeltas
 
 
 @dataclass
 class CounterTracker:
-    """Per key (group, event, domain): last raw value and the accumulated total."""
+    """Per key (group, event, domain): last raw value (perfbalance.counters) and our total."""
 
-    tracks: dict[Hashable, _Track] = field(default_factory=dict)
+    deltas: CounterDeltas[Hashable] = field(default_factory=CounterDeltas)
+    totals: dict[Hashable, float] = field(default_factory=dict)
 
     def update(self, key: Hashable, raw: int | None) -> int | None:
-        """Feed one reading; the increase since the previous one (None: no sample this time)."""
+        """Feed one reading; the increase since the previous one (None: no sample this time,
+        or the first reading, which is a baseline)."""
         if raw is None:
             return None
-        track = self.tracks.get(key)
-        if track is None:
-            self.tracks[key] = _Track(last=raw)
-            return None  # first sight: a baseline, not a delta
-        delta = raw - track.last if raw >= track.last else raw
-        track.last = raw
-        track.total += delta
+        delta = self.deltas.one(key, raw)
+        self.totals[key] = self.totals.get(key, 0.0) + (delta or 0)
         return delta
 
     def total(self, key: Hashable) -> float | None:
-        track = self.tracks.get(key)
-        return None if track is None else track.total
+        return self.totals.get(key)
 
     def forget(self, prefix: Hashable) -> None:
         """Drop keys whose first element is `prefix` (a container that left)."""
-        for key in list(self.tracks):
-            if isinstance(key, tuple) and key and key[0] == prefix:
-                del self.tracks[key]
+        gone = [k for k in self.totals if isinstance(k, tuple) and k and k[0] == prefix]
+        self.deltas.forget(gone)
+        for key in gone:
+            del self.totals[key]

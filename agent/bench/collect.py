@@ -25,19 +25,22 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from collectors import bpfenv, perf
+import bpf
+from collectors import perf
+from collectors.bpfenv.loader import prepare
+from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
 from collectors.avx512 import Avx512Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import Avx512Config, PerfConfig
+from perfbalance.errors import FeatureUnavailable
 from perfbalance.host import HostPaths
 from perfbalance.model import Container
 
 SIZES = (10, 100, 1000)
 QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
-PROGRAM_FUNCS = {"avx512": b"tracepoint__x86_fpu__x86_fpu_regs_deactivated",
-                 "pmu": b"tracepoint__sched__sched_switch"}
+PROGRAM_FUNCS = {name: bpf.probe_function(bpf.PROGRAMS[name].tracepoint) for name in ("avx512", "pmu")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,14 +118,14 @@ def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
         ns, events = _measure(host, progs, rounds, seconds)
         floor: dict[str, float] = {}
         try:
-            env = bpfenv.prepare(host)
+            env = prepare(host)
             for name in progs:
                 b = env.load(FLOOR_PROGRAMS[name])
                 try:
                     floor.update(_measure(host, {name: b.funcs[PROGRAM_FUNCS[name]].fd}, rounds, seconds)[0])
                 finally:
                     b.cleanup()
-        except bpfenv.FeatureUnavailable:
+        except FeatureUnavailable:
             pass
     return ns, floor, events
 
@@ -131,10 +134,10 @@ def _measure(host: HostPaths, progs: dict[str, int], rounds: int, seconds: float
     per: dict[str, list[float]] = {n: [] for n in progs}
     events: dict[str, int] = {n: 0 for n in progs}
     for _ in range(rounds):
-        before = {n: bpfenv.prog_stats(host.procfs, fd) for n, fd in progs.items()}
+        before = {n: prog_stats(host.procfs, fd) for n, fd in progs.items()}
         _load(seconds)
         for n, fd in progs.items():
-            t, cnt = (a - b for a, b in zip(bpfenv.prog_stats(host.procfs, fd), before[n]))
+            t, cnt = (a - b for a, b in zip(prog_stats(host.procfs, fd), before[n]))
             events[n] += cnt
             if cnt > 0:
                 per[n].append(t / cnt)
@@ -175,7 +178,7 @@ def loaded_programs(collectors: Sequence[Any]) -> dict[str, int]:
 @contextmanager
 def stats_enabled(procfs: str) -> Iterator[None]:
     """BPF_ENABLE_STATS while inside (an fd; the kernel counts while any such fd is open)."""
-    fd = bpfenv.bpf_stats_enable(procfs)
+    fd = bpf_stats_enable()
     sysctl = os.path.join(procfs, "sys/kernel/bpf_stats_enabled")
     old = None
     if fd < 0:

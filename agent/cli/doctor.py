@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.config import Config, load_config, node_name
 from agent.wiring import host_paths
-from perfbalance.errors import ConfigError
+from perfbalance.errors import ConfigError, PerfbalanceError
 from perfbalance.host import HostPaths
 from perfbalance.settings import to_dict
 
@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--config", metavar="FILE", help="config file to check and take host roots from")
     p.add_argument("--mount-tracefs", action="store_true", help="mount tracefs if missing, as the agent does")
+    p.add_argument("--dump-bpf", action="store_true",
+                   help="print the C source and -D flags of each BPF program the agent would load (loads nothing)")
 
 
 def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def kubelet(host: HostPaths) -> dict[str, Any]:
 
 
 def report(config: Config, *, config_error: str = "", mount_tracefs: bool = False) -> dict[str, Any]:
-    from collectors.bpfenv import probe
+    from collectors.doctor import probe
 
     host = host_paths(config)
     bpf = _guard(lambda: probe(host, mount_tracefs=mount_tracefs))
@@ -155,12 +157,30 @@ def config_status(config: Config, file_error: str) -> dict[str, Any]:
     return out
 
 
+def dump_bpf(config: Config, config_error: str) -> int:
+    """`--dump-bpf`: what bcc would compile, rendered by the collectors' pure functions."""
+    from collectors.doctor import dump_text, rendered_programs
+
+    if config_error:
+        print(f"perfbalance doctor: {config_error}", file=sys.stderr)
+        return 2
+    try:
+        programs = rendered_programs(config.collectors, host_paths(config))
+    except (PerfbalanceError, OSError) as e:
+        print(f"perfbalance doctor --dump-bpf: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(dump_text(programs))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     config_error = ""
     try:
         config = load_config(args.config, node=node_name())
     except ConfigError as e:
         config, config_error = Config(), str(e)
+    if args.dump_bpf:
+        return dump_bpf(config, config_error)
     out = report(config, config_error=config_error, mount_tracefs=args.mount_tracefs)
     if args.json:
         json.dump(out, sys.stdout, indent=2, sort_keys=False, default=str)

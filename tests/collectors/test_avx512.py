@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from collectors import bpfenv
+from collectors.bpfenv import keys
 from collectors.avx512 import Avx512Collector, Counts, Smoothed, per_container, smooth, window_metrics
 from collectors.config import Avx512Config
 from perfbalance.host import HostPaths
@@ -147,7 +147,7 @@ def test_entries_of_cgroups_no_container_owned_are_deleted_once_gone(bpf_collect
     assert table.Key(key) in table
     cgroups.cleanup()
     cgroups.made.clear()
-    for _ in range(bpfenv.SWEEP_PERIOD_CYCLES + 1):  # within one sweep period
+    for _ in range(keys.SWEEP_PERIOD_CYCLES + 1):  # within one sweep period
         bpf_collector.collect([], time.time())
     assert table.Key(key) not in table
     assert key not in bpf_collector._map._delta.keys()  # type: ignore[union-attr]

@@ -16,7 +16,8 @@ import pytest
 
 import bpf
 from collector_helpers import Cgroups
-from collectors import bpfenv, perf
+from collectors import perf
+from collectors.bpfenv import loader
 from collectors.avx512 import Avx512Collector
 from collectors.config import Avx512Config, PerfConfig
 from perfbalance.host import HostPaths
@@ -52,14 +53,14 @@ def broken(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 def test_compiler_error_line_is_found_in_the_load_log() -> None:
     log = ("In file included from <built-in>:2:\n/virtual/main.c:3:8: error: expected ')'\n"
            "int x( {\n       ^\n/virtual/main.c:3:22: error: second\n2 errors generated.\n")
-    assert bpfenv.load_error_line(log) == "/virtual/main.c:3:8: error: expected ')'"
+    assert loader.load_error_line(log) == "/virtual/main.c:3:8: error: expected ')'"
 
 
 def test_verifier_complaint_is_found_in_the_load_log() -> None:
     log = ("bpf: Failed to load program: Permission denied\n0: R1=ctx() R10=fp0\n"
            "7: (79) r0 = *(u64 *)(r0 +0)\nR0 invalid mem access 'map_value_or_null'\n"
            "processed 7 insns (limit 1000000) max_states_per_insn 0\n\nHINT: ...\n")
-    assert bpfenv.load_error_line(log) == "verifier: R0 invalid mem access 'map_value_or_null'"
+    assert loader.load_error_line(log) == "verifier: R0 invalid mem access 'map_value_or_null'"
 
 
 # --- the collectors ------------------------------------------------------------------------------

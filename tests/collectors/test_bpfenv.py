@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors import bpfenv
-from collectors.bpfenv import DeltaTable, KernelVersion
+import bpf
+from collectors import doctor
+from collectors.bpfenv import headers, kernel, keys, maps, progstats, tracefs
+from collectors.bpfenv.kernel import KernelVersion
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.errors import FeatureUnavailable, ParseError
 from perfbalance.host import HostPaths
@@ -36,16 +38,16 @@ def debian_headers(src: Path, version: str = "6.1.0-57") -> None:
 # --- kernel versions ---------------------------------------------------------------------------
 
 def test_release_parses_with_vendor_suffix() -> None:
-    assert bpfenv.parse_release("6.18.44-fc-v595") == KernelVersion(major=6, minor=18, patch=44)
+    assert kernel.parse_release("6.18.44-fc-v595") == KernelVersion(major=6, minor=18, patch=44)
 
 
 def test_bad_release_is_a_parse_error_naming_the_value() -> None:
     with pytest.raises(ParseError, match="linux"):
-        bpfenv.parse_release("linux")
+        kernel.parse_release("linux")
 
 
 def test_requirements_are_minimums_not_exact_matches() -> None:
-    checks = bpfenv.check_kernel(KernelVersion(major=4, minor=16))
+    checks = kernel.check_kernel(KernelVersion(major=4, minor=16))
     assert checks["bpf_perf_event_read_value"]["ok"]
     assert not checks["bpf_get_current_cgroup_id"]["ok"]
     assert checks["bpf_get_current_cgroup_id"]["minimum"] == ">= 4.18"
@@ -58,7 +60,7 @@ def test_host_build_dir_of_the_running_release_wins(tmp_path: Path) -> None:
     debian_headers(tmp_path / "src")
     host = HostPaths(modules=str(tmp_path / "modules"), headers_search=(str(tmp_path / "src"),),
                      run_dir=str(tmp_path / "run"))
-    h = bpfenv.find_headers(host, "6.18.0")
+    h = headers.find_headers(host, "6.18.0")
     assert (h.source, h.path) == ("host", str(tmp_path / "modules/6.18.0/build"))
 
 
@@ -66,7 +68,7 @@ def test_debian_split_headers_are_merged_into_a_private_tree(tmp_path: Path) -> 
     debian_headers(tmp_path / "src")
     host = HostPaths(modules=str(tmp_path / "none"), headers_search=(str(tmp_path / "src"),),
                      run_dir=str(tmp_path / "run"))
-    h = bpfenv.find_headers(host, "6.18.44-fc")
+    h = headers.find_headers(host, "6.18.44-fc")
     merged = Path(h.path)
     assert (h.source, h.release) == ("packaged", "6.1.0-57-amd64")
     assert merged == tmp_path / "run/kheaders/6.18.44-fc"
@@ -81,18 +83,18 @@ def test_nearest_packaged_version_is_chosen(tmp_path: Path) -> None:
     debian_headers(tmp_path / "src", "6.1.0-57")
     host = HostPaths(modules=str(tmp_path / "none"), headers_search=(str(tmp_path / "src"),),
                      run_dir=str(tmp_path / "run"))
-    assert bpfenv.find_headers(host, "6.18.44").release == "6.1.0-57-amd64"
+    assert headers.find_headers(host, "6.18.44").release == "6.1.0-57-amd64"
 
 
 def test_merged_tree_is_reused_when_its_inputs_are_unchanged(tmp_path: Path) -> None:
     debian_headers(tmp_path / "src")
     parts = [str(tmp_path / "src/linux-headers-6.1.0-57-amd64"), str(tmp_path / "src/linux-headers-6.1.0-57-common")]
     dest = str(tmp_path / "merged")
-    bpfenv.merge_trees(parts, dest)
+    headers.merge_trees(parts, dest)
     inode = os.stat(dest).st_ino
-    bpfenv.merge_trees(parts, dest)
+    headers.merge_trees(parts, dest)
     assert os.stat(dest).st_ino == inode
-    bpfenv.merge_trees(parts[:1], dest)
+    headers.merge_trees(parts[:1], dest)
     assert not (Path(dest) / "include/linux").exists()
 
 
@@ -105,7 +107,7 @@ def test_kheaders_archive_is_extracted_when_nothing_else_exists(tmp_path: Path) 
         tar.addfile(info, io.BytesIO(data))
     host = HostPaths(sysfs=str(tmp_path / "sys"), modules=str(tmp_path / "none"),
                      headers_search=(str(tmp_path / "none"),), run_dir=str(tmp_path / "run"))
-    h = bpfenv.find_headers(host, "6.18.0")
+    h = headers.find_headers(host, "6.18.0")
     assert h.source == "kheaders"
     assert (Path(h.path) / "include/linux/kernel.h").read_bytes() == b"#define X 1\n"
 
@@ -116,7 +118,7 @@ def test_kheaders_member_escaping_the_target_is_refused(tmp_path: Path) -> None:
         info = tarfile.TarInfo("../evil.h")
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(FeatureUnavailable, match="evil"):
-        bpfenv.extract_kheaders(str(archive), str(tmp_path / "out"))
+        headers.extract_kheaders(str(archive), str(tmp_path / "out"))
     assert not (tmp_path / "evil.h").exists()
 
 
@@ -124,7 +126,7 @@ def test_no_headers_anywhere_says_what_was_searched(tmp_path: Path) -> None:
     host = HostPaths(sysfs=str(tmp_path), modules=str(tmp_path / "mods"), headers_search=(str(tmp_path / "src"),),
                      run_dir=str(tmp_path / "run"))
     with pytest.raises(FeatureUnavailable) as e:
-        bpfenv.find_headers(host, "6.18.0")
+        headers.find_headers(host, "6.18.0")
     assert str(tmp_path / "mods/6.18.0/build") in e.value.reason
     assert str(tmp_path / "src") in e.value.reason and "kheaders.tar.xz" in e.value.reason
 
@@ -133,45 +135,36 @@ def test_no_headers_anywhere_says_what_was_searched(tmp_path: Path) -> None:
 
 def test_tracepoint_existence_is_read_from_tracefs(tmp_path: Path) -> None:
     tree(tmp_path, {"events/sched/sched_switch/format": "name: sched_switch\n"})
-    assert bpfenv.tracepoints(str(tmp_path)) == {"x86_fpu/x86_fpu_regs_deactivated": False,
-                                                  "sched/sched_switch": True}
+    found = tracefs.tracepoints(str(tmp_path))
+    assert found["sched/sched_switch"] and not found["x86_fpu/x86_fpu_regs_deactivated"]
+    assert set(found) == {f"{c}/{e}" for p in bpf.PROGRAMS.values() for c, e in p.tracepoints}
+
+
+def test_a_program_needs_every_one_of_its_tracepoints(tmp_path: Path) -> None:
+    tree(tmp_path, {"events/sched/sched_switch/format": "name: sched_switch\n"})
+    assert tracefs.missing_tracepoint(str(tmp_path), ["pmu"]) is None
+    assert tracefs.missing_tracepoint(str(tmp_path), ["pmu", "runqlat"]) == "sched/sched_wakeup"
 
 
 def test_unmounted_tracefs_without_permission_to_mount_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(FeatureUnavailable, match="tracefs not mounted"):
-        bpfenv.ensure_tracefs(str(tmp_path), mount=False)
+        tracefs.ensure_tracefs(str(tmp_path), mount=False)
 
 
 # --- non-destructive map reads -----------------------------------------------------------------
 
-def test_first_read_of_a_key_counts_everything_since_it_appeared() -> None:
-    assert DeltaTable().update({7: (3, 1, 10)}) == {7: (3, 1, 10)}
+def test_a_map_wrapped_right_after_load_counts_every_key_it_gains_from_zero(tmp_path: Path) -> None:
+    table = FakeTable()
+    m = counting(v2_tree(tmp_path, []), table)
+    table[7] = Row(3)
+    assert m.deltas() == {7: (3,)}
 
 
-def test_later_reads_give_deltas_and_unchanged_keys_nothing() -> None:
-    t = DeltaTable()
-    t.update({7: (3, 1, 10), 8: (1, 1, 1)})
-    assert t.update({7: (5, 1, 12), 8: (1, 1, 1)}) == {7: (2, 0, 2)}
-
-
-def test_counter_that_went_backwards_restarts_from_zero() -> None:
-    t = DeltaTable()
-    t.update({7: (100, 0, 100)})
-    assert t.update({7: (4, 0, 5)}) == {7: (4, 0, 5)}
-
-
-def test_keys_that_left_the_map_are_forgotten() -> None:
-    t = DeltaTable()
-    t.update({7: (1, 0, 1), 8: (1, 0, 1)})
-    t.update({8: (2, 0, 2)})
-    assert t.keys() == [8]
-
-
-def test_forgotten_keys_leave_the_table() -> None:
-    t = DeltaTable()
-    t.update({7: (1, 0, 1), 8: (1, 0, 1)})
-    t.forget([7, 99])
-    assert t.keys() == [8]
+def test_what_a_map_held_before_it_was_wrapped_is_a_baseline(tmp_path: Path) -> None:
+    table = FakeTable({7: Row(100)})
+    m = counting(v2_tree(tmp_path, []), table)
+    table[7] = Row(104)
+    assert m.deltas() == {7: (4,)}
 
 
 # --- pruning: bounded sweeps of what is alive ----------------------------------------------------
@@ -202,12 +195,12 @@ def ino(path: Path) -> int:
     return os.stat(path).st_ino
 
 
-def counting(fs: Cgroupfs, table: FakeTable, *, period: int = 1, budget: int = 100) -> bpfenv.CountingMap:
-    live = bpfenv.LiveKeys(fs, pid_keys=False, period=period, budget=budget)
-    return bpfenv.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
+def counting(fs: Cgroupfs, table: FakeTable, *, period: int = 1, budget: int = 100) -> maps.CountingMap:
+    live = keys.LiveKeys(fs, pid_keys=False, period=period, budget=budget)
+    return maps.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
 
 
-def cycle(m: bpfenv.CountingMap) -> int:
+def cycle(m: maps.CountingMap) -> int:
     m.deltas()
     return m.prune({}, {})
 
@@ -264,50 +257,50 @@ def test_pid_keys_of_exited_processes_are_deleted(tmp_path: Path) -> None:
     table = FakeTable()
     for pid in (1, 42, 4242):
         table.bump(pid)
-    live = bpfenv.LiveKeys(None, pid_keys=True, procfs=str(tmp_path), period=1)
-    m = bpfenv.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
+    live = keys.LiveKeys(None, pid_keys=True, procfs=str(tmp_path), period=1)
+    m = maps.CountingMap(table, fields=("n",), batch=False, max_keys=1000, live=live)
     assert cycle(m) == 1 and sorted(table) == [1, 42]
 
 
 def test_proc_cgroup_lines_map_controllers_to_paths() -> None:
     text = "12:cpu,cpuacct:/kubepods/pod1/abc\n1:name=systemd:/system.slice\n0::/unified/x\n"
-    assert bpfenv.parse_proc_cgroup(text) == {"cpu": "/kubepods/pod1/abc", "cpuacct": "/kubepods/pod1/abc",
+    assert keys.parse_proc_cgroup(text) == {"cpu": "/kubepods/pod1/abc", "cpuacct": "/kubepods/pod1/abc",
                                               "name=systemd": "/system.slice", "": "/unified/x"}
 
 
 def test_pid_maps_to_the_container_owning_an_ancestor_cgroup(tmp_path: Path) -> None:
     tree(tmp_path, {"42/cgroup": "4:cpu:/kubepods/pod1/abc/container\n"})
-    assert bpfenv.container_of_pid(str(tmp_path), 42, {"kubepods/pod1/abc": "c1"}) == "c1"
-    assert bpfenv.container_of_pid(str(tmp_path), 43, {"kubepods/pod1/abc": "c1"}) is None
+    assert keys.container_of_pid(str(tmp_path), 42, {"kubepods/pod1/abc": "c1"}) == "c1"
+    assert keys.container_of_pid(str(tmp_path), 43, {"kubepods/pod1/abc": "c1"}) is None
 
 
 # --- bounded reads of host files ----------------------------------------------------------------
 
 def test_oversized_proc_cgroup_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    tree(tmp_path, {"42/cgroup": "0::/" + "x" * bpfenv.PROC_CGROUP_MAX_BYTES})
+    tree(tmp_path, {"42/cgroup": "0::/" + "x" * keys.PROC_CGROUP_MAX_BYTES})
     with pytest.raises(ParseError, match=r"process cgroup file.*larger than 65536 bytes.*42/cgroup"):
-        bpfenv.container_of_pid(str(tmp_path), 42, {"x": "c1"})
+        keys.container_of_pid(str(tmp_path), 42, {"x": "c1"})
 
 
 def test_oversized_kernel_release_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    tree(tmp_path, {"sys/kernel/osrelease": "6.18.0" + " " * bpfenv.OSRELEASE_MAX_BYTES})
+    tree(tmp_path, {"sys/kernel/osrelease": "6.18.0" + " " * kernel.OSRELEASE_MAX_BYTES})
     with pytest.raises(ParseError, match="kernel release file.*larger than 256 bytes"):
-        bpfenv.running_release(HostPaths(procfs=str(tmp_path)))
+        kernel.running_release(HostPaths(procfs=str(tmp_path)))
 
 
 def test_oversized_fdinfo_is_an_error_naming_it(tmp_path: Path) -> None:
     tree(tmp_path, {"self/fdinfo/3": "run_cnt:\t1\n" * 10000})
     with pytest.raises(ParseError, match="fdinfo.*larger than"):
-        bpfenv.prog_stats(str(tmp_path), 3)
+        progstats.prog_stats(str(tmp_path), 3)
 
 
 def test_oversized_marker_means_the_merged_tree_is_rebuilt(tmp_path: Path) -> None:
-    tree(tmp_path, {f"dest/{bpfenv.MARKER}": "/a\n" * (bpfenv.MARKER_MAX_BYTES // 3 + 1)})
-    assert bpfenv._read_marker(str(tmp_path / "dest")) is None
+    tree(tmp_path, {f"dest/{headers.MARKER}": "/a\n" * (headers.MARKER_MAX_BYTES // 3 + 1)})
+    assert headers._read_marker(str(tmp_path / "dest")) is None
 
 
 def test_fdinfo_of_a_bpf_program_gives_run_time_and_count() -> None:
-    info = bpfenv.parse_fdinfo("prog_type:\t5\nrun_time_ns:\t1200\nrun_cnt:\t30\n")
+    info = progstats.parse_fdinfo("prog_type:\t5\nrun_time_ns:\t1200\nrun_cnt:\t30\n")
     assert (info["run_time_ns"], info["run_cnt"]) == ("1200", "30")
 
 
@@ -315,7 +308,7 @@ def test_fdinfo_of_a_bpf_program_gives_run_time_and_count() -> None:
 
 @pytest.mark.root
 def test_probe_on_this_host_reports_headers_tracepoints_and_events(host: HostPaths) -> None:
-    report = bpfenv.probe(host)
+    report = doctor.probe(host)
     assert report["available"], report["reason"]
     assert report["headers"]["source"] in ("host", "packaged", "kheaders")
     assert report["tracepoints"]["sched/sched_switch"]
@@ -325,5 +318,5 @@ def test_probe_on_this_host_reports_headers_tracepoints_and_events(host: HostPat
 
 @pytest.mark.root
 def test_probe_without_headers_is_unavailable_with_the_reason(no_headers_host: HostPaths) -> None:
-    report = bpfenv.probe(no_headers_host)
+    report = doctor.probe(no_headers_host)
     assert not report["available"] and "no kernel headers" in report["reason"]

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
-from collectors import bpfenv, perf
+from collectors import events as ev
+from collectors import perf
+from collectors.bpfenv import keys
 from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.config import PerfConfig
 from perfbalance.model import Container
+from perfbalance import cpus
 from perfbalance.errors import ParseError
 from perfbalance.host import HostPaths
 
@@ -25,18 +28,18 @@ SOFTWARE = PerfConfig(events=("task_clock", "context_switches", "cpu_migrations"
 # --- pure ----------------------------------------------------------------------------------------
 
 def test_known_event_names_and_aliases_parse() -> None:
-    assert perf.parse_event("task-clock") == perf.KNOWN["task_clock"]
-    assert perf.parse_event("cache-misses").name == "llc_misses"
+    assert ev.parse_event("task-clock") == ev.KNOWN["task_clock"]
+    assert ev.parse_event("cache-misses").name == "llc_misses"
 
 
 def test_raw_event_gets_a_metric_safe_name_and_its_config() -> None:
-    e = perf.parse_event("CORE_POWER.LVL2_TURBO_LICENSE=0x28c")
-    assert (e.name, e.type, e.config) == ("core_power_lvl2_turbo_license", perf.PERF_TYPE_RAW, 0x28C)
+    e = ev.parse_event("CORE_POWER.LVL2_TURBO_LICENSE=0x28c")
+    assert (e.name, e.type, e.config) == ("core_power_lvl2_turbo_license", ev.PERF_TYPE_RAW, 0x28C)
 
 
 def test_unknown_event_is_rejected_with_the_known_list() -> None:
     with pytest.raises(ParseError, match="bogus.*|known"):
-        perf.parse_event("bogus")
+        ev.parse_event("bogus")
 
 
 def test_multiplexed_count_is_scaled_by_enabled_over_running() -> None:
@@ -46,14 +49,14 @@ def test_multiplexed_count_is_scaled_by_enabled_over_running() -> None:
 
 
 def test_derived_ipc_and_llc_mpki() -> None:
-    events = perf.parse_events(["instructions", "cycles", "llc_misses"])
+    events = ev.parse_events(["instructions", "cycles", "llc_misses"])
     counts = {"instructions": 2e9, "cycles": 1e9, "llc_misses": 4e6}
     m = perf.derive(events, counts, counts, 2.0)
     assert m["ipc"] == 2.0 and m["llc_mpki"] == 2.0 and m["instructions_per_second"] == 1e9
 
 
 def test_task_clock_is_reported_in_seconds() -> None:
-    events = (perf.KNOWN["task_clock"],)
+    events = (ev.KNOWN["task_clock"],)
     counts = perf.window_counts(events, perf.Raw(counter=(1_500_000_000,), enabled=(1,), running=(1,)))
     m = perf.derive(events, counts, counts, 3.0)
     assert m["task_clock_seconds_total"] == 1.5 and m["task_clock_seconds_per_second"] == 0.5
@@ -74,7 +77,7 @@ def test_reading_of_a_counting_fd_parses_value_and_times() -> None:
 def test_oversized_cpu_list_is_an_error_naming_the_file(tmp_path: Path) -> None:
     online = tmp_path / "devices/system/cpu/online"
     online.parent.mkdir(parents=True)
-    online.write_text("0-1" + " " * perf.CPULIST_MAX_BYTES)
+    online.write_text("0-1" + " " * cpus.CPULIST_MAX_BYTES)
     with pytest.raises(ParseError, match="cpu list online.*larger than"):
         perf.online_cpus(str(tmp_path))
 
@@ -82,7 +85,7 @@ def test_oversized_cpu_list_is_an_error_naming_the_file(tmp_path: Path) -> None:
 def test_without_a_pmu_hardware_events_fall_back_to_software_events() -> None:
     if perf.probe_events(["cycles"])["cycles"] == "ok":
         pytest.skip("this host has a hardware PMU")
-    events, notes = perf.choose_events(perf.parse_events(["instructions", "cycles"]))
+    events, notes = perf.choose_events(ev.parse_events(["instructions", "cycles"]))
     assert [e.name for e in events] == ["task_clock", "context_switches", "cpu_migrations"]
     assert any("no hardware PMU" in n for n in notes)
 
@@ -92,7 +95,7 @@ def test_hardware_event_on_a_host_without_pmu_fails_to_open_with_errno() -> None
     if perf.probe_events(["cycles"])["cycles"] == "ok":
         pytest.skip("this host has a hardware PMU")
     with pytest.raises(OSError):
-        perf.perf_event_open(perf.KNOWN["cycles"], pid=-1, cpu=0)
+        perf.perf_event_open(ev.KNOWN["cycles"], pid=-1, cpu=0)
 
 
 # --- real BPF attribution ------------------------------------------------------------------------
@@ -168,7 +171,7 @@ def test_entries_of_removed_cgroups_no_container_owned_are_deleted(host: HostPat
         present = table.Key(key) in table
         cgroups.cleanup()
         cgroups.made.clear()
-        for _ in range(bpfenv.SWEEP_PERIOD_CYCLES + 1):
+        for _ in range(keys.SWEEP_PERIOD_CYCLES + 1):
             col.collect([], time.time())
         gone = table.Key(key) not in table
     finally:

@@ -51,6 +51,41 @@ def test_avx512_program_reads_only_tracepoint_fields_and_helpers() -> None:
     assert "struct task_struct" not in text and "struct fpu" not in text
 
 
-def test_dump_shows_every_program() -> None:
-    text = bpf.dump()
-    assert all(f"===== {name}:" in text for name in bpf.PROGRAMS)
+def test_cflags_are_the_rendered_defines_as_d_flags() -> None:
+    assert bpf.cflags("runqlat", {"PB_MAX_KEYS": 64, "PB_KEY_PID": True, "PB_TASK_BITS": 16}) == [
+        "-DPB_KEY_PID", "-DPB_MAX_KEYS=64", "-DPB_TASK_BITS=16"]
+
+
+def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_path) -> None:
+    from collectors import avx512, doctor, runqlat
+    from collectors.config import Avx512Config, CollectorsConfig, PerfConfig, RunqlatConfig
+    from perfbalance.host import HostPaths
+
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0\n")
+    (tmp_path / "cgroup").mkdir()
+    (tmp_path / "cgroup/cgroup.controllers").write_text("cpu cpuset\n")
+    host = HostPaths(procfs=str(tmp_path / "proc"), cgroup=str(tmp_path / "cgroup"))
+    config = CollectorsConfig(avx512=Avx512Config(max_keys=128), perf=PerfConfig(mode="off"),
+                              runqlat=RunqlatConfig(max_keys=256))
+    programs = doctor.rendered_programs(config, host)
+    assert [p.name for p in programs] == ["avx512", "runqlat"]  # perf off: no pmu program
+    want = {"avx512": avx512.bpf_defines(config.avx512, pid_keys=False),
+            "runqlat": runqlat.bpf_defines(config.runqlat, pid_keys=False)}
+    for p in programs:
+        assert p.text == bpf.render(p.name, want[p.name])
+        assert f"-DPB_MAX_KEYS={want[p.name]['PB_MAX_KEYS']}" in p.cflags
+    text = doctor.dump_text(programs)
+    assert "cflags: -DPB_MAX_KEYS=128" in text and bpf.template("runqlat") in text
+
+
+def test_dump_bpf_keys_by_process_where_no_v2_hierarchy_exists(tmp_path) -> None:
+    from collectors import doctor
+    from collectors.config import CollectorsConfig, PerfConfig
+    from perfbalance.host import HostPaths
+
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0\n")
+    host = HostPaths(procfs=str(tmp_path / "proc"), cgroup=str(tmp_path / "nocgroup"))
+    programs = doctor.rendered_programs(CollectorsConfig(perf=PerfConfig(mode="off")), host)
+    assert all("-DPB_KEY_PID" in p.cflags for p in programs)

@@ -66,3 +66,15 @@ def test_invalid_config_is_shown_with_key_and_value(tmp_path):
     out = _doctor("--config", str(cfg))
     assert not out["config"]["available"]
     assert "mqtt.port" in out["config"]["reason"] and "99999" in out["config"]["reason"]
+
+
+def test_dump_bpf_prints_each_program_with_its_flags_and_loads_nothing(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"agent": {"run_dir": str(tmp_path / "run")},
+                                   "collectors": {"perf": {"mode": "bpf"}, "runqlat": {"max_keys": 512}}}))
+    res = run_agent("doctor", "--dump-bpf", "--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    for name in ("avx512", "pmu", "runqlat"):
+        assert f"===== {name} (collector " in res.stdout
+    assert "-DPB_MAX_KEYS=512" in res.stdout and "TRACEPOINT_PROBE(sched, sched_switch)" in res.stdout
+    assert not (tmp_path / "run").exists()  # nothing was started: no run directory, no checkpoint
