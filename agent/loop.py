@@ -28,6 +28,7 @@ from agent.export.report import AgentState, Applied, CycleReport, Realized, reas
 from agent.export.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
+from perfbalance.sandbox import VcpuPinning
 
 log = logging.getLogger("perfbalance.loop")
 
@@ -46,6 +47,7 @@ class CycleInputs:
     last_time: float = 0.0
     decisions: dict[str, list[Applied]] = field(default_factory=dict)  # planner decision -> its events
     failures: dict[str, tuple[int, float]] = field(default_factory=dict)  # container -> (count, retry after)
+    vcpu_pinning: tuple[VcpuPinning, ...] = ()  # the last plan's: the stable host CPU <-> vCPU mapping
 
 
 class Agent:
@@ -209,11 +211,11 @@ class Agent:
         collect_seconds = time.perf_counter() - t0
         snapshot = self._snapshot(now, containers, kubelet, metrics)
         t1 = time.perf_counter()
-        plan = self._plan(snapshot, now, errors)
+        plan = self._pin_vcpus(snapshot, self._plan(snapshot, now, errors))
         plan_seconds = time.perf_counter() - t1
         applied = () if self.dry_run else self._act(plan.actions, snapshot, errors)
         if not self.dry_run:
-            errors.extend(self.parts.maintain(snapshot, self.state))
+            errors.extend(self.parts.maintain(snapshot, self.state, plan.vcpu_pinning))
         realized = self._realized(plan, applied)
         self._inputs.cycle += 1
         self._inputs.last_time = now
@@ -221,7 +223,7 @@ class Agent:
             cycle=self._inputs.cycle, time=now, snapshot=snapshot, plan=plan,
             applied=tuple(applied), realized=realized, errors=tuple(errors),
             plan_seconds=plan_seconds, collect_seconds=collect_seconds,
-            vcpu_map=self.parts.vcpu_map(),
+            vcpu_map=self.parts.vcpu_map(), vcpu_pinning=self.parts.vcpu_pinning(),
         )
 
     def _maybe_reload(self, errors: list[str]) -> None:
@@ -286,6 +288,7 @@ class Agent:
             topology=self.parts.topology, containers=samples, kubelet=kubelet,
             reserved=self.parts.unusable_cpus(), collectors=self.parts.collector_status(),
             node_metrics=self.parts.node_metrics(), cycle=self._inputs.cycle + 1,
+            vmms=self.parts.vmms(),
         )
 
     def _plan(self, snapshot: Snapshot, now: float, errors: list[str]) -> Plan:
@@ -303,6 +306,17 @@ class Agent:
         if cooldowns is not None:
             self._checkpoint(lambda ck: ck.set_cooldowns(cooldowns), errors)
         return plan
+
+    def _pin_vcpus(self, snapshot: Snapshot, plan: Plan) -> Plan:
+        """The VM sandboxes' thread pinning after the plan's moves, whatever the policy (pure:
+        rebalancer.vm); the last cycle's pinning is what keeps each host CPU on its vCPU."""
+        from rebalancer.vm import plan_vcpus
+
+        vm = self.config.vm
+        pinning = plan_vcpus(snapshot, actions=plan.actions, previous=self._inputs.vcpu_pinning,
+                             system_vcpus=vm.system_vcpus, pin_exclusive=vm.pin_exclusive)
+        self._inputs.vcpu_pinning = pinning
+        return replace(plan, vcpu_pinning=pinning)
 
     def _act(self, actions: Sequence[Action], snapshot: Snapshot, errors: list[str]) -> list[Applied]:
         assert self.parts is not None

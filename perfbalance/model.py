@@ -16,6 +16,7 @@ from typing import Any
 from perfbalance import jsonfields as jf
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
+from perfbalance.sandbox import VcpuPinning, VmmProcess
 from perfbalance.topology import Topology
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort", "unknown")
@@ -168,6 +169,7 @@ class Snapshot:
     collectors: Mapping[str, CollectorStatus] = field(default_factory=dict)
     node_metrics: Mapping[str, float] = field(default_factory=dict)
     cycle: int = 0
+    vmms: tuple[VmmProcess, ...] = ()  # VM sandboxes' VMM threads (agent/discover/vmm.py)
 
     def by_id(self) -> dict[str, ContainerSample]:
         return {c.id: c for c in self.containers}
@@ -182,6 +184,7 @@ class Snapshot:
             "node_metrics": _finite(self.node_metrics),
             "containers": [{**s.container.to_json(), "metrics": _finite(s.metrics)}
                            for s in self.containers],
+            **({"vmms": [v.to_json() for v in self.vmms]} if self.vmms else {}),
         }
 
     @classmethod
@@ -210,7 +213,7 @@ class Snapshot:
             reserved=jf.cpus(d.get("reserved", ""), top.key("reserved")),
             collectors=_collectors(d.get("collectors", {}), top.key("collectors")),
             node_metrics=_metrics(d.get("node_metrics", {}), top.key("node_metrics")),
-            containers=containers,
+            containers=containers, vmms=_vmms(d.get("vmms", ()), top.key("vmms")),
         )
 
     @classmethod
@@ -278,12 +281,14 @@ class Plan:
     `actions` are to be applied in order; `considered` explains candidates that were rejected
     (net below margin, dwell time, constraint) so that `perfbalance plan` can say why not.
     `state` is the planner state to pass to the next call (opaque to everyone else).
+    `vcpu_pinning` is where every VM sandbox's VMM threads must run (rebalancer.vm.plan_vcpus).
     """
 
     time: float
     actions: tuple[Action, ...] = ()
     considered: tuple[Mapping[str, Any], ...] = ()
     state: Any = None
+    vcpu_pinning: tuple[VcpuPinning, ...] = ()
 
     def to_json(self) -> list[dict[str, Any]]:
         return [a.to_json() for a in self.actions]
@@ -304,6 +309,19 @@ def _sample(c: Any, at: jf.At) -> ContainerSample:
 
 def _metrics(m: Any, at: jf.At) -> dict[str, float]:
     return {str(k): jf.metric(v, at.key(str(k))) for k, v in jf.obj(m, at).items()}
+
+
+def _vmms(items: Any, at: jf.At) -> tuple[VmmProcess, ...]:
+    out = []
+    for i, v in enumerate(jf.arr(list(items) if isinstance(items, tuple) else items, at)):
+        where = at.index(i)
+        try:
+            out.append(VmmProcess.from_json(jf.obj(v, where), source=f"{at.source}: {where.path}"))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+            if isinstance(e, ParseError):
+                raise
+            raise where.error(type(e).__name__, str(e)[:200]) from None
+    return tuple(out)
 
 
 def _collectors(d: Any, at: jf.At) -> dict[str, CollectorStatus]:

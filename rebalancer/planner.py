@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance import mcpu
@@ -33,6 +33,7 @@ from rebalancer.hintnotes import hint_notes
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
 from rebalancer.state import Moved, Pending, PlannerState, frozen_map
+from rebalancer.vm import layout_move_problem
 
 MAX_CONSIDERED = 64
 
@@ -170,6 +171,23 @@ def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
         if why:
             return f"constraint: {cid} ({sb.kind} pod {sb.pod}): {why}"
     return ""
+    return _guest_layout_constraint(ctx, layout, d)
+
+
+def _guest_layout_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
+    """A VM pod with pinned vCPUs keeps its guest NUMA layout: each vCPU on its host node, each
+    guest node where the pod holds its hugepages (rebalancer.vm.layout_move_problem)."""
+    vmms = {v.pod: v for v in ctx.snapshot.vmms}
+    by_id = ctx.snapshot.by_id()
+    for pod in sorted({ctx.sandbox_of[cid].pod for cid in d.cpus if cid in ctx.sandbox_of}):
+        sb, vmm = next(s for s in ctx.sandboxes if s.pod == pod), vmms.get(pod)
+        if vmm is None:
+            continue
+        before = [replace(by_id[m].container, cpuset=CpuSet(layout.placement[m])) for m in sb.members]
+        after = [replace(c, cpuset=CpuSet(d.cpus[c.id])) if c.id in d.cpus else c for c in before]
+        why = layout_move_problem(topology=ctx.snapshot.topology, vmm=vmm, before=before, after=after)
+        if why:
+            return f"constraint: {sb.kind} pod {pod}: {why}"
 
 
 def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, lat: float, d: Decision) -> Scored:

@@ -229,6 +229,7 @@ class Exporter(Collector):
         yield from _cycle_families(report, view["extra"])
         yield from _container_families(report, view)
         yield _vcpu_pins(report)
+        yield from _guest_numa(report)
         yield from _node_families(report.snapshot, self.bandwidth_peak)
 
     def describe(self) -> Iterable[Metric]:
@@ -401,6 +402,28 @@ def _unique(snap: Snapshot) -> list[tuple[tuple[str, str, str], ContainerSample]
             seen.add(ident)
             out.append((ident, s))
     return out
+
+
+def _guest_numa(report: CycleReport) -> Iterable[GaugeMetricFamily]:
+    """Each VM sandbox's guest NUMA nodes (vCPUs and hugepages per guest node and the host node
+    it sits on) and the hugepages the pod holds per host node: one series per node, bounded by
+    the VM's vCPUs and the host's nodes. `sandbox` is the pod UID (or the pod's cgroup)."""
+    labels = ["sandbox", "guest_node", "host_node"]
+    vcpus = _gauge("perfbalance_vm_guest_numa_vcpus", "vCPUs of a VM sandbox's guest NUMA node, pinned to one host NUMA node.",
+                   labels=labels)
+    pages = _gauge("perfbalance_vm_guest_numa_hugepages", "Hugepages of a VM sandbox's guest NUMA node, on its host NUMA node.",
+                   labels=labels)
+    held = _gauge("perfbalance_vm_hugepages", "Hugepages a VM-sandboxed pod holds on a host NUMA node (hugetlb cgroup).",
+                  labels=["sandbox", "host_node", "page_size_bytes"])
+    for p in report.vcpu_pinning:
+        for n in p.guest_numa:
+            key = [p.pod, str(n.id), str(n.host_node)]
+            vcpus.add_metric(key, len(n.vcpus))
+            pages.add_metric(key, n.hugepages)
+        for h in p.hugepages:
+            for node, count in sorted(h.per_node.items()):
+                held.add_metric([p.pod, str(node), str(h.page_size_bytes)], count)
+    return vcpus, pages, held
 
 
 def _vcpu_pins(report: CycleReport) -> GaugeMetricFamily:

@@ -15,6 +15,7 @@ from typing import Any
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import ContainerSample, Plan, Snapshot
+from perfbalance.sandbox import VcpuPinning
 
 RECENT_APPLIED = 50  # how many applied actions the node view and /api/state keep
 HEAVY_RATIO = 0.10  # avx512_active_ratio treated as heavy when the collector gives no avx512_heavy
@@ -115,6 +116,7 @@ class CycleReport:
     plan_seconds: float = 0.0
     collect_seconds: float = 0.0
     vcpu_map: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # container -> host cpu -> vcpu
+    vcpu_pinning: tuple[VcpuPinning, ...] = ()  # applied VMM thread pinnings (guest NUMA, hugepages)
     # container id -> AVX-512 contamination ratio, derived from the snapshot once, when the report is built
     contamination: Mapping[str, float] = field(init=False, repr=False, compare=False)
 
@@ -132,6 +134,8 @@ class CycleReport:
             "kubelet": snap["kubelet"], "reserved": snap["reserved"],
             "node_metrics": snap["node_metrics"],
             "vcpu_map": {c: {str(h): v for h, v in m.items()} for c, m in self.vcpu_map.items()},
+            "vm_sandboxes": {p.pod: p.to_json() for p in self.vcpu_pinning},
+            **({"vmms": snap["vmms"]} if "vmms" in snap else {}),
         }
 
 

@@ -229,7 +229,13 @@ def test_state_json_is_strict_json_with_the_report_and_the_view() -> None:
 
 
 def full_exposition() -> str:
-    st = s.state(dataclasses.replace(s.report(), vcpu_map={"c-web": {2: 1, 3: 2}}))
+    from perfbalance.cpuset import CpuSet
+    from perfbalance.sandbox import GuestNode, PodHugepages, VcpuPinning
+    pinning = VcpuPinning(pod="uid-web", vmm_pid=1, affinity={}, vcpu_threads={}, helpers=(),
+                          guest_numa=(GuestNode(id=0, vcpus=CpuSet([1, 2]), host_node=0, host_cpus=CpuSet([2, 3]),
+                                                hugepages=2, memory_bytes=4 << 20),),
+                          hugepages=(PodHugepages(page_size_bytes=2 << 20, total=2, per_node={0: 2}),))
+    st = s.state(dataclasses.replace(s.report(), vcpu_map={"c-web": {2: 1, 3: 2}}, vcpu_pinning=(pinning,)))
     st.extra["mqtt"] = {"configured": 1}
     st.extra["resctrl_classes"] = {"gold": ClassUsage(llc_occupancy_bytes=4e6, mbm_total_bytes_total=1e9,
                                                       mbm_local_bytes_total=8e8)}
