@@ -32,7 +32,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -410,20 +410,6 @@ class Cgroupfs:
             if h.version == 1 and (d == h.path or d.startswith(h.path + "/")):
                 return c
         raise FeatureUnavailable("cgroup hierarchy", f"no controller owns {d}")
-
-    def subtree_ids(self, rel: str) -> dict[int, str]:
-        """v2 cgroup id -> relative path for `rel` and its descendants (BPF keys of a container)."""
-        if self._v2 is None:
-            return {}
-        out: dict[int, str] = {}
-        for sub in self.walk(rel, None):
-            try:
-                cid = self.cgroup_id(sub)
-            except ContainerGone:
-                continue
-            if cid is not None:
-                out[cid] = sub
-        return out
 
     def _is_v2_dir(self, d: str) -> bool:
         return self._v2 is not None and (d == self._v2.path or d.startswith(self._v2.path + "/"))
@@ -829,10 +815,6 @@ def shares_from_weight(weight: int) -> int:
 def weight_from_shares(shares: int) -> int:
     """runc's v1 shares -> v2 weight mapping: 1 + (shares - 2) * 9999 / 262142."""
     return 1 + ((max(2, min(shares, 262144)) - 2) * 9999) // 262142
-
-
-def flat_mapping(m: Mapping[str, int]) -> str:
-    return "\n".join(f"{k} {v}" for k, v in m.items())
 
 
 def check_glob(pattern: str) -> list[str]:

@@ -6,7 +6,7 @@ planner and the allocator, which must not read sysfs themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +185,3 @@ def synthetic(*, packages: int, dies_per_package: int = 1, nodes_per_package: in
                             l3=pkg * l3_per_package + l3_local))
     return Topology(cpus=tuple(sorted(cpus, key=lambda c: c.id)), l3_size_bytes=l3_size_bytes,
                     cpu_model=cpu_model)
-
-
-def cpus_of(ids: Iterable[int]) -> CpuSet:
-    return CpuSet(ids)

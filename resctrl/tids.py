@@ -48,11 +48,3 @@ def _read_list(tree: SafeTree, target: str) -> str:
         return tree.read(target, TIDS_MAX_BYTES).decode(errors="replace")
     except OverflowError:
         raise ParseError("thread list", tree.path(target), f"larger than {TIDS_MAX_BYTES} bytes") from None
-
-
-def process_tids(procfs: str, pid: int) -> list[int]:
-    """Every thread of process `pid` from <procfs>/<pid>/task."""
-    try:
-        return sorted(int(t) for t in os.listdir(os.path.join(procfs, str(pid), "task")) if t.isdigit())
-    except OSError as e:
-        raise ContainerGone(str(pid), f"process {pid}: {e.strerror}") from None
