@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from perfbalance import jsonfields as jf
@@ -269,9 +269,6 @@ class Action:
                    victims=tuple(str(v) for v in d.get("victims", ())), mems=str(d.get("mems", "")),
                    undoes=str(d.get("undoes", "")),
                    detail={str(k): float(v) for k, v in dict(d.get("detail", {})).items()})
-
-    def with_(self, **changes: Any) -> Action:
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
