@@ -1,6 +1,6 @@
 """CPU amounts as milli-CPU integers, rounded up once at the end.
 
-Kata's fractional vCPU fix (seed 001): summing 0.5 + 0.25 CPUs must need 1 CPU, not
+Kata's fractional vCPU sizing: summing 0.5 + 0.25 CPUs must need 1 CPU, not
 1 + ceil(0.25) = 2. Every amount stays an integer number of milli-CPUs until a whole number
 of CPUs is needed, then `to_cpus` rounds up exactly once.
 """

@@ -1,7 +1,7 @@
 """The only module that touches the resctrl mount: reads, writes, mkdir, rmdir, under flock.
 
-Rules it enforces for everyone above it (resctrl.rst "Locking between applications", and the
-field notes' "owned state only"):
+Rules it enforces for everyone above it (resctrl.rst "Locking between applications", and owned
+state only: groups without our prefix are never touched):
 - every kernel error becomes ResctrlError(op, path, errno, info/last_cmd_status), read right after
   the failure while we still hold the lock;
 - one value per write(2): the kernel parses one task id, or one schemata buffer, per call;

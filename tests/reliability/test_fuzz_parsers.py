@@ -1,6 +1,6 @@
 """Fuzzing every parser of host and user input: it parses, or raises the documented error.
 
-Property (issue 8, "hostile and bad input"): for arbitrary text/bytes/JSON, a parser returns a
+Property (hostile and bad input): for arbitrary text/bytes/JSON, a parser returns a
 value or raises perfbalance's ParseError/ConfigError (or the module's own subclass) -- never
 another exception type, never a hang. Strategies mix random text with fragments of the real
 syntax so that hypothesis reaches past the first token. Examples are bounded (200 per test).
