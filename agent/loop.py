@@ -22,13 +22,15 @@ from typing import Any, TextIO
 
 from agent.persist.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
 from agent.persist.instance import reconfigure_logging
+from agent.plan.runner import PolicyRunner
 from agent.config import AgentSection, Config, ConfigWatcher
 from agent.wiring import Parts, build_parts
 from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from agent.export.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
-from perfbalance.model import Action, Container, ContainerSample, Plan, Snapshot
+from perfbalance.model import Action, Container, ContainerSample, KubeletState, Plan, Snapshot
 from perfbalance.sandbox import VcpuPinning
+from rebalancer.policy import PolicyError
 
 log = logging.getLogger("perfbalance.loop")
 
@@ -40,9 +42,8 @@ BACKOFF_MAX_SECONDS = 600.0  # ten minutes: permanent errors are never retried i
 
 @dataclass
 class CycleInputs:
-    """What a cycle needs from the previous one."""
+    """What a cycle needs from the previous one (the policies' own states are in the PolicyRunner)."""
 
-    planner_state: Any = None
     cycle: int = 0
     last_time: float = 0.0
     decisions: dict[str, list[Applied]] = field(default_factory=dict)  # planner decision -> its events
@@ -71,6 +72,7 @@ class Agent:
         self._watcher = ConfigWatcher(config_path, node=node) if config_path else None
         self._stop = asyncio.Event()
         self._inputs = CycleInputs()
+        self._planner = PolicyRunner()
         self.parts: Parts | None = None
         self.checkpoint: Checkpoint | None = None
 
@@ -157,10 +159,10 @@ class Agent:
         self.parts.collect(containers, time.time())
         self._inputs.last_time = time.time()
 
-    def _recover(self, containers: Sequence[Container], kubelet: Any) -> None:
+    def _recover(self, containers: Sequence[Container], kubelet: KubeletState) -> None:
         """After a restart (SIGKILL included): finish or revert half-done moves, take back our
-        placements for drift detection, and carry dwell times and cooldowns over, so nothing
-        already placed is moved again."""
+        placements (cpusets for drift detection, the planner's RDT classes so the sweep keeps
+        them) and carry dwell times and cooldowns over, so nothing already placed is moved again."""
         assert self.parts is not None
         ck = self.checkpoint = Checkpoint(self.config.agent.run_dir, node=self.node)
         data = ck.load()
@@ -182,8 +184,14 @@ class Agent:
                      step.value or "-", step.reason)
             self._checkpoint(lambda ck: ck.end_move(step.container, ok=ok, kind=step.kind))
         adopted = self.parts.cpusets.adopt(ck.cpuset_placements())
-        self._inputs.planner_state = planner_seed(data, containers, time.time())
-        log.info("restart: %d placement(s) of the previous run adopted", adopted)
+        classes = self.parts.resctrl.adopt(ck.class_placements(), containers)
+        policy = self.config.rebalancer.policy
+        try:
+            self._planner.resume(policy, planner_seed(data, containers, time.time()))
+        except PolicyError as e:
+            log.error("restart: dwell times and cooldowns not carried over: %s", e)
+        log.info("restart: %d placement(s) of the previous run adopted, and %d RDT class choice(s) of its planner",
+                 adopted, classes)
 
     def _checkpoint(self, record: Callable[[Checkpoint], None], errors: list[str] | None = None) -> None:
         """Record an intention; a failing write is reported, the cycle goes on."""
@@ -216,7 +224,7 @@ class Agent:
         applied = () if self.dry_run else self._act(plan.actions, snapshot, errors)
         if not self.dry_run:
             errors.extend(self.parts.maintain(snapshot, self.state, plan.vcpu_pinning))
-        realized = self._realized(plan, applied)
+        realized = self._realized(plan)
         self._inputs.cycle += 1
         self._inputs.last_time = now
         return CycleReport(
@@ -292,20 +300,19 @@ class Agent:
         )
 
     def _plan(self, snapshot: Snapshot, now: float, errors: list[str]) -> Plan:
-        from rebalancer import plan as make_plan
-
-        if not self.config.rebalancer.enabled:
-            return Plan(time=now, state=self._inputs.planner_state)
-        try:
-            plan = make_plan(snapshot, self.config.rebalancer, self._inputs.planner_state, now)
-        except PerfbalanceError as e:  # bad input: keep the last planner state, act on nothing
-            errors.append(f"planner: {e}")
-            return Plan(time=now, state=self._inputs.planner_state)
-        self._inputs.planner_state = plan.state
-        cooldowns = getattr(plan.state, "cooldown_until", None)
-        if cooldowns is not None:
-            self._checkpoint(lambda ck: ck.set_cooldowns(cooldowns), errors)
-        return plan
+        """The configured policy's plan (rebalancer.policy, within its time budget); on a failure
+        no moves and the policy keeps its last good state."""
+        rebalancer = self.config.rebalancer
+        if not rebalancer.enabled:
+            return Plan(time=now, state=self._planner.state(rebalancer.policy))
+        outcome = self._planner.run(snapshot, rebalancer, now)
+        if outcome.error:
+            errors.append(f"planner: {outcome.error}")
+            return outcome.plan
+        state = outcome.plan.state
+        if state is not None:
+            self._checkpoint(lambda ck: ck.set_cooldowns(state.cooldown_until), errors)
+        return outcome.plan
 
     def _pin_vcpus(self, snapshot: Snapshot, plan: Plan) -> Plan:
         """The VM sandboxes' thread pinning after the plan's moves, whatever the policy (pure:
@@ -342,6 +349,8 @@ class Agent:
                 event = replace(event, ok=True)
                 self._count(action)
                 self._inputs.failures.pop(action.container, None)
+                if action.decision and action.kind != "rollback":  # judged later by its id
+                    self._inputs.decisions.setdefault(action.decision, []).append(event)
             except ContainerGone as e:
                 event = replace(event, error=str(e))
                 errors.append(str(e))
@@ -373,27 +382,22 @@ class Agent:
             if action.kind == "rollback":
                 self.state.rollbacks_total += 1
 
-    def _realized(self, plan: Plan, applied: Sequence[Applied]) -> tuple[Realized, ...]:
+    def _realized(self, plan: Plan) -> tuple[Realized, ...]:
         """The planner's judgement of earlier moves, tied back to the events that made them.
 
-        The planner evaluates a decision (which may have moved several containers) after it has
-        settled and says so in `plan.considered` (kind "evaluation"); the loop remembers which
-        applied events belonged to which decision number.
+        The planner judges a decision (which may have moved several containers) after it has
+        settled (`plan.judgements`); `_act` remembers the applied events of each decision id
+        (`Action.decision`).
         """
-        for a, event in zip(plan.actions, applied):
-            decision = a.detail.get("decision")
-            if decision is not None and event.ok and a.kind != "rollback":
-                self._inputs.decisions.setdefault(_decision_key(decision), []).append(event)
         out = []
-        for c in plan.considered:
-            if c.get("kind") != "evaluation" or "realized" not in c:
+        for j in plan.judgements:
+            if j.realized is None:
                 continue
-            events = self._inputs.decisions.pop(_decision_key(c.get("decision", "")), [])
+            events = self._inputs.decisions.pop(j.decision, [])
             for ev in events or [None]:
                 out.append(Realized(event_id=ev.event_id if ev else "", container=ev.container if ev else "",
-                                    predicted=float(c.get("predicted", 0.0)),
-                                    realized=float(c.get("realized", 0.0)),
-                                    rolled_back=c.get("rejected") == "rolled back"))
+                                    predicted=j.predicted or 0.0, realized=j.realized,
+                                    rolled_back=j.rolled_back))
         if len(self._inputs.decisions) > 1000:  # decisions never evaluated (containers gone)
             for k in sorted(self._inputs.decisions)[:-1000]:
                 del self._inputs.decisions[k]
@@ -401,11 +405,4 @@ class Agent:
             with self.state.lock:
                 self.state.realized = (self.state.realized + out)[-100:]
         return tuple(out)
-
-
-def _decision_key(d: Any) -> str:
-    """The planner numbers decisions 1, 2, ... in action details and "d1", "d2" in evaluations."""
-    if isinstance(d, (int, float)) and not isinstance(d, bool):
-        return f"d{int(d)}"
-    return str(d)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from perfbalance import jsonfields as jf
@@ -241,6 +242,7 @@ class Action:
     victims: tuple[str, ...] = ()
     mems: str = ""  # for cpuset moves: the cpuset.mems to write ("" = leave as is)
     undoes: str = ""
+    decision: str = ""  # the planner's decision id ("d17"), shared by all its actions and its judgement
     detail: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -257,6 +259,8 @@ class Action:
             out["mems"] = self.mems
         if self.undoes:
             out["undoes"] = self.undoes
+        if self.decision:
+            out["decision"] = self.decision
         if self.detail:
             out["detail"] = {k: _round(v) for k, v in self.detail.items()}
         return out
@@ -267,8 +271,57 @@ class Action:
                    to=str(d["to"]), reason=str(d.get("reason", "")),
                    benefit=float(d.get("benefit", 0.0)), cost=float(d.get("cost", 0.0)),
                    victims=tuple(str(v) for v in d.get("victims", ())), mems=str(d.get("mems", "")),
-                   undoes=str(d.get("undoes", "")),
+                   undoes=str(d.get("undoes", "")), decision=str(d.get("decision", "")),
                    detail={str(k): float(v) for k, v in dict(d.get("detail", {})).items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    """The planner's verdict on an earlier decision once it has settled.
+
+    `outcome` says what came of it ("kept: the move helped", "rolled back", "rollback blocked by
+    a constraint", or why it could not be judged); `realized` is None when it was not judged.
+    Gains are in core-seconds per second, or s/s of run-queue wait when `method` is "health".
+    """
+
+    decision: str  # the id on the decision's actions (Action.decision)
+    outcome: str
+    predicted: float | None = None
+    realized: float | None = None
+    method: str = ""  # "health", "health+pmu", "pmu" or "model"
+    band: float | None = None  # noise band of a health measurement
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.outcome == "rolled back"
+
+    def to_json(self) -> dict[str, Any]:
+        """The `considered` entry of kind "evaluation" (numbers rounded as everywhere in a plan)."""
+        out: dict[str, Any] = {"kind": "evaluation", "decision": self.decision}
+        if self.realized is not None:
+            out.update(predicted=round(self.predicted or 0.0, 6), realized=round(self.realized, 6),
+                       method=self.method)
+            if self.band is not None:
+                out["band"] = round(self.band, 6)
+        out["rejected"] = self.outcome
+        return out
+
+
+_NO_TIMES: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyState:
+    """What every policy's state shows the agent (each policy extends it with its own fields).
+
+    `moved_at`: container -> when the policy last moved it (dwell); `cooldown_until`: container
+    -> until when it must be left alone. The agent checkpoints `cooldown_until` and, after a
+    restart, starts the policy from a state of its own type holding both (every field of a
+    policy's state therefore has a default).
+    """
+
+    moved_at: Mapping[str, float] = field(default_factory=lambda: _NO_TIMES)
+    cooldown_until: Mapping[str, float] = field(default_factory=lambda: _NO_TIMES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,14 +330,16 @@ class Plan:
 
     `actions` are to be applied in order; `considered` explains candidates that were rejected
     (net below margin, dwell time, constraint) so that `perfbalance plan` can say why not.
-    `state` is the planner state to pass to the next call (opaque to everyone else).
+    `judgements` are the verdicts on earlier decisions reached in this call.
+    `state` is the planner state to pass to the next call.
     `vcpu_pinning` is where every VM sandbox's VMM threads must run (rebalancer.vm.plan_vcpus).
     """
 
     time: float
     actions: tuple[Action, ...] = ()
     considered: tuple[Mapping[str, Any], ...] = ()
-    state: Any = None
+    judgements: tuple[Judgement, ...] = ()
+    state: PolicyState | None = None
     vcpu_pinning: tuple[VcpuPinning, ...] = ()
 
     def to_json(self) -> list[dict[str, Any]]:

@@ -25,46 +25,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Action
+from perfbalance.model import Action, Judgement
 from rebalancer.constraints import requests_fit
 from rebalancer.context import Context
 from rebalancer.state import Pending
 
 
-def judge_pending(ctx: Context, considered: list[dict[str, Any]],
-                  ) -> tuple[list[Action], list[Pending], dict[str, float]]:
-    """(rollback actions, still-pending evaluations, container -> cooldown-until)."""
+def judge_pending(ctx: Context) -> tuple[list[Action], list[Pending], dict[str, float], list[Judgement]]:
+    """(rollback actions, still-pending evaluations, container -> cooldown-until, judgements)."""
     rollbacks: list[Action] = []
     kept: list[Pending] = []
     cooldown: dict[str, float] = {}
+    judgements: list[Judgement] = []
     for p in ctx.state.pending:
         if ctx.now < p.time + ctx.config.settle_seconds:
             kept.append(p)
             continue
         problem = _not_in_force(ctx, p)
         if problem:
-            considered.append({"kind": "evaluation", "decision": p.decision, "rejected": problem})
+            judgements.append(Judgement(decision=p.decision, outcome=problem))
             continue
         verdict = judge(ctx, p)
-        note = {"kind": "evaluation", "decision": p.decision, "predicted": round(verdict.predicted, 6),
-                "realized": round(verdict.realized, 6), "method": verdict.method}
-        if verdict.band is not None:
-            note["band"] = round(verdict.band, 6)
-        if verdict.ok:
-            considered.append({**note, "rejected": "kept: the move helped"})
-            continue
-        undo = _rollback(ctx, p, verdict)
-        if undo is None:
-            considered.append({**note, "rejected": "rollback blocked by a constraint"})
-            continue
-        rollbacks += undo
-        considered.append({**note, "rejected": "rolled back"})
-        for m in p.moves:
-            cooldown[m.container] = ctx.now + ctx.config.cooldown_seconds
-    return rollbacks, kept, cooldown
+        undo = None if verdict.ok else _rollback(ctx, p, verdict)
+        outcome = ("kept: the move helped" if verdict.ok else
+                   "rollback blocked by a constraint" if undo is None else "rolled back")
+        judgements.append(Judgement(decision=p.decision, outcome=outcome, predicted=verdict.predicted,
+                                    realized=verdict.realized, method=verdict.method, band=verdict.band))
+        if undo:
+            rollbacks += undo
+            for m in p.moves:
+                cooldown[m.container] = ctx.now + ctx.config.cooldown_seconds
+    return rollbacks, kept, cooldown, judgements
 
 
 def _not_in_force(ctx: Context, p: Pending) -> str:
@@ -161,7 +154,7 @@ def _rollback(ctx: Context, p: Pending, v: Verdict) -> list[Action] | None:
             placement[m.container] = cpus
         out.append(Action(kind="rollback", container=m.container, frm=m.to, to=m.frm,
                           mems=m.mems_frm if m.kind == "cpuset" else "", undoes=m.kind,
-                          reason=reason, victims=p.victims,
+                          decision=p.decision, reason=reason, victims=p.victims,
                           detail={"predicted": v.predicted, "realized": realized}))
     return out if _fits(ctx, placement, out) else None
 

@@ -62,7 +62,8 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
     ctx = Context.build(snapshot, config, state, smoothed, now)
     considered: list[dict[str, Any]] = [{"kind": "input", "rejected": p} for p in ctx.problems]
     considered += hint_notes(ctx, smoothed)
-    rollbacks, pending, touched = judge_pending(ctx, considered)
+    rollbacks, pending, touched, judgements = judge_pending(ctx)
+    considered += [j.to_json() for j in judgements]
     actions: list[Action] = list(rollbacks)
     seq = state.seq
     moved_now = {a.container for a in rollbacks}
@@ -74,7 +75,7 @@ def plan(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | Non
             pending.append(_pending(ctx, scored, seq, before, after))
             moved_now |= set(scored.decision.cpus) | set(scored.decision.classes)
     return Plan(time=now, actions=tuple(actions), considered=tuple(considered[:MAX_CONSIDERED]),
-                state=_next_state(ctx, smoothed, seq, pending, moved_now, touched))
+                judgements=tuple(judgements), state=_next_state(ctx, smoothed, seq, pending, moved_now, touched))
 
 
 def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]]) -> list[Scored]:
@@ -237,6 +238,7 @@ def _health_predictions(ctx: Context, s: Scored) -> dict[str, tuple[float, float
 def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> list[Action]:
     d = s.decision
     parts = ctx.base_eval.parts
+    # detail.decision: the decision's number, as the plan JSON has always shown it (Action.decision is the id)
     detail_common = {"decision": float(seq), "decision_benefit": s.benefit,
                      "decision_cost": s.cost, "decision_net": s.net,
                      **{f"saved_{k}": parts[k] - s.evaluation.parts[k] for k in sorted(parts)}}
@@ -247,7 +249,7 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
         out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims))
     for cid, cls in sorted(d.classes.items()):
         out.append(Action(kind="rdt_class", container=cid, frm=ctx.base.classes[cid], to=cls,
-                          reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
+                          decision=decision_id(seq), reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
                           cost=sum(s.costs[cid]) / ctx.config.amortize_seconds,
                           victims=victims, detail=detail_common))
     return out
@@ -269,7 +271,7 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
         detail["allocated"] = 1.0
     cpus = d.cpus[cid]
     return Action(kind="cpuset", container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
-                  mems=ctx.idx.fmt(ctx.idx.nodes_of(cpus)), reason=reason,
+                  mems=ctx.idx.fmt(ctx.idx.nodes_of(cpus)), decision=decision_id(seq), reason=reason,
                   benefit=s.benefit if primary else 0.0,
                   cost=(refill + migration + disruption) / ctx.config.amortize_seconds,
                   victims=victims if primary else (), detail=detail)
@@ -289,7 +291,7 @@ def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
     cfg = ctx.config
     sigma = math.sqrt(sum(noise(ctx.state.health_history.get(v, ()), floor=cfg.health_noise_floor) ** 2
                           for v in waits))
-    return Pending(decision=f"d{seq}", time=ctx.now, reason=d.reason, moves=tuple(moves),
+    return Pending(decision=decision_id(seq), time=ctx.now, reason=d.reason, moves=tuple(moves),
                    victims=tuple(sorted(before)),
                    predicted=sum(before[v] - after[v] for v in before),
                    baseline_ips=frozen_map({v: x for v, x in ips.items() if x is not None}),
@@ -337,6 +339,11 @@ def _note(considered: list[dict[str, Any]], d: Decision, why: str, s: Scored | N
 
 def _fmt(cpus: frozenset[int]) -> str:
     return str(CpuSet(cpus))
+
+
+def decision_id(seq: int) -> str:
+    """The id of the planner's `seq`-th decision, on its actions, its Pending and its Judgement."""
+    return f"d{seq}"
 
 
 POLICY = Policy(name="costmodel", plan=plan, config_type=RebalancerConfig, state_type=PlannerState,

@@ -3,9 +3,12 @@
 A policy is a pure function `plan(snapshot, config, state, now) -> Plan` plus two types: the
 frozen dataclass of its settings (declared with `perfbalance.settings.setting`, so the agent
 can validate `rebalancer.policies.<name>` and render its reference) and the type of the state it
-returns in `Plan.state` and gets back on the next call. `check_policy()` enforces this when a
-policy is loaded, before it ever sees a snapshot: a policy that does not fit is refused with one
-line saying what is wrong, never discovered half-way through a cycle.
+returns in `Plan.state` and gets back on the next call: a dataclass extending
+`perfbalance.model.PolicyState`, whose named fields (dwell times, cooldowns) the agent reads and
+checkpoints, and every field defaulted so that the agent can resume it after a restart.
+`check_policy()` enforces this when a policy is loaded, before it ever sees a snapshot: a policy
+that does not fit is refused with one line saying what is wrong, never discovered half-way
+through a cycle.
 
 Pure data and inspection only; finding installed policies is `rebalancer.registry`, running one
 with a time budget is the agent's job.
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfbalance.errors import ConfigError, PerfbalanceError
-from perfbalance.model import Plan, Snapshot
+from perfbalance.model import Plan, PolicyState, Snapshot
 from perfbalance.settings import build, reference, to_dict
 from rebalancer.config import RebalancerConfig
 
@@ -51,7 +54,7 @@ class Policy:
     name: str
     plan: Callable[[Snapshot, Any, Any, float], Plan]
     config_type: type
-    state_type: type
+    state_type: type[PolicyState]
     summary: str = ""
 
 
@@ -113,6 +116,12 @@ def _config_problem(tp: Any) -> str:
 def _state_problem(tp: Any) -> str:
     if not isinstance(tp, type):
         return f"state_type {tp!r} is not a type"
+    if not (issubclass(tp, PolicyState) and dataclasses.is_dataclass(tp)):
+        return f"state_type {tp.__name__} must be a dataclass extending perfbalance.model.PolicyState"
+    try:
+        tp(moved_at={}, cooldown_until={})  # what the agent builds after a restart
+    except TypeError as e:
+        return f"state_type {tp.__name__} cannot be built from dwell times and cooldowns alone ({e})"
     return ""
 
 

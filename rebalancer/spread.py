@@ -17,15 +17,15 @@ contract (rebalancer.policy) asks of one. Pure: no I/O, no clock; same input, sa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Action, Plan, Snapshot
+from perfbalance.model import Action, Plan, PolicyState, Snapshot
 from perfbalance.settings import setting
 from rebalancer.constraints import shareable
 from rebalancer.policy import Policy
-from rebalancer.state import EMPTY, frozen_map
+from rebalancer.state import frozen_map
 from rebalancer.topoindex import TopoIndex
 
 MAX_CONSIDERED = 64
@@ -40,10 +40,8 @@ class SpreadConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SpreadState:
-    """When each container was last moved (for dwell)."""
-
-    moved_at: Mapping[str, float] = field(default_factory=lambda: EMPTY)
+class SpreadState(PolicyState):
+    """When each container was last moved (`moved_at`, for dwell); spread sets no cooldowns."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from perfbalance.model import PolicyState
+
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -52,12 +54,12 @@ class Pending:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlannerState:
+class PlannerState(PolicyState):
+    """The cost model's state: dwell times and cooldowns (PolicyState) and what it judges by."""
+
     time: float = 0.0
     seq: int = 0  # decisions made so far (for decision ids)
     smoothed: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: EMPTY)
-    moved_at: Mapping[str, float] = field(default_factory=lambda: EMPTY)
-    cooldown_until: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     pending: tuple[Pending, ...] = ()
     # container -> its measured run-queue wait (s/s) in the last windows, oldest first
     health_history: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: EMPTY)

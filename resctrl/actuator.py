@@ -45,6 +45,15 @@ class ResctrlActuator:
         self.overrides[container.id] = class_name
         return self.manager.assign(container.id, class_name, tids)
 
+    def adopt(self, container_id: str, class_name: str | None) -> bool:
+        """Take back the planner's choice of a previous run (from the checkpoint): it outranks the
+        annotation/QoS default again and the next sweep moves the threads. False (nothing
+        changed) when that class is no longer configured."""
+        if class_name is not None and class_name not in self.manager.resolution.classes:
+            return False
+        self.overrides[container_id] = class_name
+        return True
+
     def clear_override(self, container_id: str) -> None:
         self.overrides.pop(container_id, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.config import Config
@@ -56,6 +56,23 @@ class RdtNode:
             cls, _why = self.actuator.effective_class(c)
             out.append(dataclasses.replace(c, rdt_class=cls or ""))
         return out
+
+    def adopt(self, placements: Mapping[str, tuple[str, str]], containers: Sequence[Container]) -> int:
+        """Take back the RDT classes the planner chose before a restart (container id -> (cgroup,
+        class), from the checkpoint) for containers still in that cgroup; returns how many."""
+        if self.actuator is None:
+            return 0
+        cgroups = {c.id: c.cgroup for c in containers}
+        n = 0
+        for cid, (cgroup, cls) in sorted(placements.items()):
+            if cgroups.get(cid) != cgroup:
+                continue
+            if self.actuator.adopt(cid, cls or None):
+                n += 1
+            else:
+                log.warning("restart: RDT class %r chosen for %s is no longer configured; "
+                            "its annotation/QoS class applies", cls, cid)
+        return n
 
     def apply_class(self, container: Container, class_name: str) -> None:
         if self.actuator is None:

@@ -30,11 +30,12 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
-from perfbalance.model import Container, KubeletState
+from perfbalance.model import Container, KubeletState, PolicyState
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,11 @@ class Checkpoint:
                     continue
         return out
 
+    def class_placements(self) -> dict[str, tuple[str, str]]:
+        """container id -> (cgroup, RDT class; "" for none) of the classes the planner chose
+        (RdtNode.adopt)."""
+        return {cid: (p.cgroup, p.value) for (cid, kind), p in self._data.placed.items() if kind == "rdt_class"}
+
     # -- recording --------------------------------------------------------------------------
     def begin_move(self, container_id: str, cgroup: str, frm: str, to: str, kind: str = "cpuset",
                    *, mems: str = "", event_id: str = "") -> None:
@@ -490,14 +496,13 @@ def live_placements(data: CheckpointData, current: Sequence[Container]) -> dict[
             if (c := by_id.get(p.container)) is not None and c.cgroup == p.cgroup and not c.exclusive}
 
 
-def planner_seed(data: CheckpointData, current: Sequence[Container], now: float) -> Any:
-    """A rebalancer PlannerState carrying dwell (moved_at) and cooldowns across a restart."""
-    from rebalancer.state import PlannerState, frozen_map
-
+def planner_seed(data: CheckpointData, current: Sequence[Container], now: float) -> PolicyState:
+    """The dwell times (moved_at) and cooldowns a policy resumes from after a restart."""
     live = live_placements(data, current)
     moved_at: dict[str, float] = {}
     for p in live.values():
         moved_at[p.container] = max(moved_at.get(p.container, 0.0), min(p.time, now))
     present = {c.id for c in current}
     cooldown = {cid: t for cid, t in data.cooldown_until.items() if cid in present and t > now}
-    return PlannerState(time=now, moved_at=frozen_map(moved_at), cooldown_until=frozen_map(cooldown))
+    return PolicyState(moved_at=MappingProxyType(dict(sorted(moved_at.items()))),
+                       cooldown_until=MappingProxyType(dict(sorted(cooldown.items()))))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfbalance.errors import ConfigError
-from perfbalance.model import Plan, Snapshot
+from perfbalance.model import Plan, PolicyState, Snapshot
 from rebalancer import registry
 from rebalancer.config import RebalancerConfig
 from rebalancer.policy import Policy, PolicyError, check_plan, section
@@ -60,16 +60,22 @@ class PolicyRunner:
     def __init__(self, *, loader: Callable[[str], Policy] = registry.load) -> None:
         self._loader = loader
         self._policies: dict[str, Policy] = {}
-        self._states: dict[str, Any] = {}
+        self._states: dict[str, PolicyState | None] = {}
         self._running: _Call | None = None
         self.last_good: dict[str, Plan] = {}
 
-    def state(self, name: str) -> Any:
+    def state(self, name: str) -> PolicyState | None:
         return self._states.get(name)
 
-    def seed(self, name: str, state: Any) -> None:
+    def seed(self, name: str, state: PolicyState | None) -> None:
         """Start `name` from `state` (e.g. recovered from a checkpoint)."""
         self._states[name] = state
+
+    def resume(self, name: str, carried: PolicyState) -> None:
+        """Start `name` from what a previous run left (dwell times, cooldowns), in the policy's
+        own state type; PolicyError when the policy cannot be loaded."""
+        state_type = self.policy(name).state_type
+        self.seed(name, state_type(moved_at=carried.moved_at, cooldown_until=carried.cooldown_until))
 
     def policy(self, name: str) -> Policy:
         if name not in self._policies:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.plan.runner import PolicyRunner
-from perfbalance.model import Action, Plan, Snapshot
+from perfbalance.model import Action, Plan, PolicyState, Snapshot
 from perfbalance.settings import setting
 from perfbalance.topology import synthetic
 from rebalancer import RebalancerConfig
@@ -25,6 +25,11 @@ class Knobs:
     mode: str = setting("ok", "What the test policy does.")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Count(PolicyState):
+    n: int = 0
+
+
 class Behaviour:
     """A test policy whose answer the test switches between calls."""
 
@@ -32,8 +37,8 @@ class Behaviour:
         self.release = threading.Event()
         self.calls: list[Any] = []
 
-    def plan(self, snapshot: Snapshot, config: Knobs, state: int | None, now: float) -> Any:
-        self.calls.append(state)
+    def plan(self, snapshot: Snapshot, config: Knobs, state: Count | None, now: float) -> Any:
+        self.calls.append(state.n if state else None)
         if config.mode == "raise":
             raise ZeroDivisionError("division by zero")
         if config.mode == "hang":
@@ -42,7 +47,7 @@ class Behaviour:
             return {"actions": []}
         if config.mode == "badstate":
             return Plan(time=now, state="not an int")
-        return Plan(time=now, actions=(MOVE,), state=(state or 0) + 1)
+        return Plan(time=now, actions=(MOVE,), state=Count(n=(state.n if state else 0) + 1))
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def behaviour() -> Any:
 
 
 def runner(b: Behaviour) -> PolicyRunner:
-    pol = Policy(name="probe", plan=b.plan, config_type=Knobs, state_type=int)
+    pol = Policy(name="probe", plan=b.plan, config_type=Knobs, state_type=Count)
 
     def loader(name: str) -> Policy:
         if name != "probe":
@@ -71,23 +76,23 @@ def test_a_good_policy_plans_and_gets_its_state_back(behaviour: Behaviour) -> No
     r = runner(behaviour)
     first = r.run(SNAP, cfg("ok"), 1.0)
     second = r.run(SNAP, cfg("ok"), 2.0)
-    assert (first.error, first.plan.actions, second.plan.state) == ("", (MOVE,), 2)
+    assert (first.error, first.plan.actions, second.plan.state) == ("", (MOVE,), Count(n=2))
     assert behaviour.calls == [None, 1]
 
 
 @pytest.mark.parametrize(("mode", "needle"), [
     ("raise", "policy 'probe' raised ZeroDivisionError: division by zero"),
     ("garbage", "returned a dict, not a Plan"),
-    ("badstate", "state of type str, not int"),
+    ("badstate", "state of type str, not Count"),
 ])
 def test_a_failing_policy_costs_the_moves_not_the_state(behaviour: Behaviour, mode: str, needle: str) -> None:
     r = runner(behaviour)
     r.run(SNAP, cfg("ok"), 1.0)
     bad = r.run(SNAP, cfg(mode), 2.0)
     assert needle in bad.error
-    assert bad.plan.actions == () and bad.plan.state == 1
+    assert bad.plan.actions == () and bad.plan.state == Count(n=1)
     good = r.run(SNAP, cfg("ok"), 3.0)  # control: it recovers with the last good state
-    assert good.error == "" and good.plan.state == 2
+    assert good.error == "" and good.plan.state == Count(n=2)
 
 
 def test_a_policy_past_its_budget_is_abandoned_and_not_called_again_until_it_returns(behaviour: Behaviour) -> None:
@@ -100,7 +105,7 @@ def test_a_policy_past_its_budget_is_abandoned_and_not_called_again_until_it_ret
     behaviour.release.set()
     r._running.thread.join(5)  # type: ignore[union-attr]
     done = r.run(SNAP, cfg("ok"), 4.0)
-    assert done.error == "" and done.plan.state == 2  # the overrun call's answer was never used
+    assert done.error == "" and done.plan.state == Count(n=2)  # the overrun call's answer was never used
 
 
 def test_an_unknown_policy_is_reported_each_cycle(behaviour: Behaviour) -> None:
@@ -113,3 +118,11 @@ def test_the_builtin_policies_run_through_the_runner() -> None:
     for name in ("costmodel", "spread"):
         out = r.run(SNAP, RebalancerConfig(policy=name), 1.0)
         assert out.error == "" and out.policy == name and out.plan.state is not None
+
+
+def test_a_policy_resumes_in_its_own_state_type_with_the_carried_dwell_and_cooldowns(behaviour: Behaviour) -> None:
+    r = runner(behaviour)
+    r.resume("probe", PolicyState(moved_at={"c": 5.0}, cooldown_until={"c": 9.0}))
+    assert r.state("probe") == Count(moved_at={"c": 5.0}, cooldown_until={"c": 9.0})
+    with pytest.raises(PolicyError, match="not installed"):
+        r.resume("gone", PolicyState())

@@ -3,7 +3,8 @@ kernel-faithful resctrl emulator (tests/resctrl/emulator; no RDT hardware on thi
 
 Checks the wiring of agent/act/rdt.py: classes created with their schemata, containers put
 in their QoS class with every thread, monitoring groups per container, a planner-style class move,
-the CLOSID budget in the exported state, and our groups only.
+the CLOSID budget in the exported state, our groups only, and a planner class choice kept across a
+restart.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from agent.loop import Agent
 from agent.wiring import Parts
 from agent.act.rdt import RdtNode
 from perfbalance.cgroupfs import Cgroupfs
+from perfbalance.model import Action, Plan
+from rebalancer.planner import POLICY as COSTMODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resctrl"))
 from emulator import Emulator  # noqa: E402
@@ -110,3 +113,52 @@ async def test_agent_puts_containers_in_rdt_classes_on_the_emulator(emu, besteff
     made[0].resctrl.apply_class(sample.container, "gold")
     gold_tasks = {int(t) for t in (mount / "perfbalance.gold" / "tasks").read_text().split()}
     assert set(proc.tids()) <= gold_tasks
+
+
+async def test_a_planner_rdt_class_choice_survives_an_agent_restart(emu, besteffort_pod, tmp_path, monkeypatch):
+    """The planner moves the BestEffort container from its QoS class (bulk) to gold; a restarted
+    agent keeps it in gold instead of sweeping it back to bulk."""
+    cid, proc = besteffort_pod
+    mount = Path(emu.mount)
+    config = parse_config(CONFIG.replace("rebalancer: {{enabled: false}}", "rebalancer: {{enabled: true}}")
+                          .format(run_dir=tmp_path / "run"), source="t.yaml", node="n")
+    chosen: dict[int, str] = {}
+
+    def scripted(snapshot, cfg, state, now):  # the cost model's place: one class move, first run only
+        actions = tuple(Action(kind="rdt_class", container=s.id, frm=s.container.rdt_class, to=chosen[snapshot.cycle],
+                               reason="test: planner class choice", decision="d1")
+                        for s in snapshot.containers if s.id == cid and snapshot.cycle in chosen)
+        return Plan(time=now, actions=actions, state=state)
+
+    monkeypatch.setattr("rebalancer.planner.POLICY", dataclasses.replace(COSTMODEL, plan=scripted))
+    monkeypatch.setattr("rebalancer.plan", scripted)
+
+    def run(cycles: int) -> Agent:
+        return Agent(config, node="n", cycles=cycles, json_out=io.StringIO(), parts_factory=emulated(emu))
+
+    def tasks(cls: str) -> set[int]:
+        return {int(t) for t in (mount / f"perfbalance.{cls}" / "tasks").read_text().split()}
+
+    chosen[2] = "gold"
+    first = run(2)
+    assert await first.run() == 0
+    assert [a.ok for a in first.state.latest.applied] == [True]
+    assert set(proc.tids()) <= tasks("gold")
+    chosen.clear()
+    second = run(2)
+    assert await second.run() == 0
+    report = second.state.latest
+    (sample,) = [s for s in report.snapshot.containers if s.id == cid]
+    assert sample.container.rdt_class == "gold"
+    assert set(proc.tids()) <= tasks("gold") and not set(proc.tids()) & tasks("bulk")
+
+
+def emulated(emu):
+    """A parts factory whose resctrl mount table and caches are the emulator's."""
+
+    class EmulatedRdt(Parts):
+        def _make_resctrl(self) -> RdtNode:
+            host = dataclasses.replace(self.host, procfs=str(emu.procfs), sysfs=str(emu.sysfs))
+            return RdtNode(self.config, host, self.cgfs, source="t.yaml")
+
+    return lambda c, n, s: EmulatedRdt(c, n, config_source=s)

@@ -10,6 +10,7 @@ checks everything the agent does with it and after it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import pytest
 from agent.config import load_config
 from agent.loop import Agent
 from perfbalance.model import Action, Plan
+from rebalancer.planner import POLICY as COSTMODEL
 from tests.node.agentproc import cpus_allowed, free_port, write_config
 from tests.node.containerd import CGROUP_ROOT, Containerd, Pod
 
@@ -62,7 +64,7 @@ class Script:
         pass
 
     def plan(self, snapshot, config, state, now) -> Plan:
-        """Stands in for rebalancer.plan: this cycle's scripted moves, as cpuset actions."""
+        """Stands in for the cost model's plan: this cycle's scripted moves, as cpuset actions."""
         by_id = {s.id: s.container for s in snapshot.containers}
         actions = tuple(
             Action(kind="cpuset", container=c, frm=str(by_id[c].cpuset) if c in by_id else "", to=to,
@@ -84,7 +86,7 @@ def test_moved_container_stays_moved_against_the_runtime(containerd, tmp_path: P
     cfg = write_config(tmp_path / "config.yaml", run_dir=tmp_path / "run", port=free_port(),
                        extra={"agent": {"interval_seconds": 0.5}})
     script = Script()
-    monkeypatch.setattr("rebalancer.plan", script.plan)
+    monkeypatch.setattr("rebalancer.planner.POLICY", dataclasses.replace(COSTMODEL, plan=script.plan))
     agent = Agent(load_config(str(cfg), node="node-test"), node="node-test", config_path=str(cfg),
                   cycles=40, json_out=script)  # type: ignore[arg-type]
     script.agent = agent

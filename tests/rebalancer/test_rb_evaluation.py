@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Snapshot
+from perfbalance.model import Action, Snapshot
 from rebalancer import RebalancerConfig, plan
 
 from rb_builders import avx_vs_scalar
@@ -81,3 +81,17 @@ def test_rolled_back_containers_cool_down() -> None:
     later = applied(s0, p1, s0.time + 40, ips={"web-a": 1e9, "web-b": 1e9})
     p2 = plan(later, CFG, p1.state, later.time)
     assert p2.state.cooldown_until["avx"] == later.time + CFG.cooldown_seconds
+
+
+def test_a_decision_id_is_on_its_actions_its_judgement_and_its_rollbacks() -> None:
+    s0 = with_ips(avx_vs_scalar(), {"web-a": 1e9, "web-b": 1e9})
+    p1 = plan(s0, CFG, None, s0.time)
+    (pending,) = p1.state.pending
+    assert p1.actions and {a.decision for a in p1.actions} == {pending.decision}
+    assert all(Action.from_json(a.to_json()).decision == a.decision for a in p1.actions)  # in the plan JSON
+    later = applied(s0, p1, s0.time + 40, ips={"web-a": 1e9, "web-b": 1e9})
+    p2 = plan(later, CFG, p1.state, later.time)
+    (judged,) = p2.judgements
+    assert (judged.decision, judged.rolled_back, judged.realized) == (pending.decision, True, 0.0)
+    assert judged.to_json() in p2.considered
+    assert {a.decision for a in p2.actions if a.kind == "rollback"} == {pending.decision}

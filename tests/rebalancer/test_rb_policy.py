@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from perfbalance.errors import ConfigError
-from perfbalance.model import Plan
+from perfbalance.model import Plan, PolicyState
 from perfbalance.settings import setting
 from rebalancer import RebalancerConfig, registry
 from rebalancer.planner import POLICY as COSTMODEL
@@ -28,12 +28,17 @@ class GoodConfig:
     level: int = setting(1, "A level.", min=0)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GoodState(PolicyState):
+    n: int = 0
+
+
 def good_plan(snapshot: Any, config: Any, state: Any, now: float) -> Plan:
-    return Plan(time=now, state=1)
+    return Plan(time=now, state=GoodState(n=1))
 
 
 def policy(**over: Any) -> Policy:
-    fields: dict[str, Any] = dict(name="good", plan=good_plan, config_type=GoodConfig, state_type=int)
+    fields: dict[str, Any] = dict(name="good", plan=good_plan, config_type=GoodConfig, state_type=GoodState)
     return Policy(**{**fields, **over})
 
 
@@ -64,6 +69,9 @@ def test_builtins_are_registered_as_entry_points() -> None:
     ({"config_type": dataclasses.make_dataclass(
         "BadDefault", [("x", int, setting(-1, "x", min=0))], frozen=True)}, "defaults do not validate"),
     ({"state_type": "int"}, "state_type 'int' is not a type"),
+    ({"state_type": int}, "state_type int must be a dataclass extending perfbalance.model.PolicyState"),
+    ({"state_type": dataclasses.make_dataclass("Needy", [("n", int)], bases=(PolicyState,), frozen=True, kw_only=True)},
+     "state_type Needy cannot be built from dwell times and cooldowns alone"),
     ({"name": "other"}, "calls itself 'other'"),
 ])
 def test_contract_violations_are_refused_at_load(over: dict[str, Any], needle: str) -> None:
@@ -79,11 +87,11 @@ def test_a_plan_extra_keyword_with_default_is_allowed() -> None:
 
 def test_check_plan_wants_a_plan_with_the_declared_state() -> None:
     p = policy()
-    assert check_plan(p, Plan(time=1.0, state=3)).state == 3
+    assert check_plan(p, Plan(time=1.0, state=GoodState(n=3))).state == GoodState(n=3)
     with pytest.raises(PolicyError, match="returned a list"):
         check_plan(p, [])
-    with pytest.raises(PolicyError, match="state of type str, not int"):
-        check_plan(p, Plan(time=1.0, state="x"))
+    with pytest.raises(PolicyError, match="state of type PolicyState, not GoodState"):
+        check_plan(p, Plan(time=1.0, state=PolicyState()))
 
 
 def test_unknown_policy_names_the_installed_ones() -> None:

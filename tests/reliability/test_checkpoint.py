@@ -290,6 +290,7 @@ def test_planner_does_not_move_a_container_placed_just_before_the_restart() -> N
     """No thrash after restart: seeded from the checkpoint, the real planner honours dwell."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rebalancer"))
     from rb_builders import avx_vs_scalar
+    from agent.plan.runner import PolicyRunner
     from rebalancer import RebalancerConfig, plan
 
     s = avx_vs_scalar()
@@ -297,6 +298,7 @@ def test_planner_does_not_move_a_container_placed_just_before_the_restart() -> N
     containers = [x.container for x in s.containers]
     placed = {(c.id, "cpuset"): Placement(container=c.id, cgroup=c.cgroup, kind="cpuset",
                                           value=str(c.cpuset), time=s.time - 10) for c in containers}
-    state = planner_seed(CheckpointData(placed=placed), containers, now=s.time)
-    p = plan(s, RebalancerConfig(), state, s.time)
-    assert p.actions == () and any("dwell" in c["rejected"] for c in p.considered)
+    runner = PolicyRunner()  # as the agent resumes the configured policy
+    runner.resume("costmodel", planner_seed(CheckpointData(placed=placed), containers, now=s.time))
+    out = runner.run(s, RebalancerConfig(), s.time)
+    assert out.error == "" and out.plan.actions == () and any("dwell" in c["rejected"] for c in out.plan.considered)

@@ -3,7 +3,8 @@
 An example of a policy shipped outside perfbalance. Containers using less CPU than
 `idle_below_cores` for `idle_cycles` consecutive plans are moved onto `housekeeping_cpus`, so
 the busy ones have the rest of the machine to themselves. It shows each part of the contract:
-a frozen settings dataclass declared with `setting()`, a typed state passed back every call, and
+a frozen settings dataclass declared with `setting()`, a typed state (extending PolicyState, so the
+agent can read and restore its dwell times and cooldowns) passed back every call, and
 a pure `plan()` that reads only its arguments.
 """
 
@@ -15,7 +16,7 @@ from types import MappingProxyType
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
-from perfbalance.model import Action, Plan, Snapshot
+from perfbalance.model import Action, Plan, PolicyState, Snapshot
 from perfbalance.settings import setting
 from rebalancer.policy import Policy
 
@@ -36,7 +37,7 @@ class QuietConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuietState:
+class QuietState(PolicyState):  # dwell times and cooldowns (unused here) come with PolicyState
     idle_for: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
