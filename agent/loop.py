@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from agent.act.dispatch import Backoff, kind_of
+from agent.config import AgentSection, Config, ConfigWatcher
+from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
+from agent.export.services import Services, start_services
 from agent.persist.checkpoint import Checkpoint, CheckpointError, planner_seed, recover, write_atomic
 from agent.persist.instance import reconfigure_logging
 from agent.plan.runner import PolicyRunner
-from agent.config import AgentSection, Config, ConfigWatcher
 from agent.wiring import Parts, build_parts
-from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
-from agent.export.services import Services, start_services
 from perfbalance.errors import ConfigError, ContainerGone, PerfbalanceError
 from perfbalance.model import Action, Container, ContainerSample, KubeletState, Plan, Snapshot
 from perfbalance.sandbox import VcpuPinning
@@ -36,8 +37,6 @@ log = logging.getLogger("perfbalance.loop")
 
 SHUTDOWN_GRACE_SECONDS = 10.0
 CONFIG_STATUS_FILE = "config-status.json"
-BACKOFF_BASE_SECONDS = 10.0  # a container whose action failed is left alone 10 s, 20 s, ... up to
-BACKOFF_MAX_SECONDS = 600.0  # ten minutes: permanent errors are never retried in a hot loop
 
 
 @dataclass
@@ -47,7 +46,7 @@ class CycleInputs:
     cycle: int = 0
     last_time: float = 0.0
     decisions: dict[str, list[Applied]] = field(default_factory=dict)  # planner decision -> its events
-    failures: dict[str, tuple[int, float]] = field(default_factory=dict)  # container -> (count, retry after)
+    backoff: Backoff = field(default_factory=Backoff)  # containers whose last action failed
     vcpu_pinning: tuple[VcpuPinning, ...] = ()  # the last plan's: the stable host CPU <-> vCPU mapping
 
 
@@ -212,7 +211,7 @@ class Agent:
         containers, kubelet = self.parts.discover(errors)
         ids = {c.id for c in containers}
         self._checkpoint(lambda ck: ck.retain(ids), errors)
-        self._inputs.failures = {k: v for k, v in self._inputs.failures.items() if k in ids}
+        self._inputs.backoff.retain(ids)
         t0 = time.perf_counter()
         metrics = self.parts.collect(containers, now)
         errors.extend(self.parts.collector_errors())
@@ -335,11 +334,11 @@ class Agent:
                             predicted_benefit=action.benefit, predicted_cost=action.cost,
                             time=time.time())
             container = by_id.get(action.container)
-            waiting = self._backing_off(action.container, event.time)
+            waiting = self._inputs.backoff.waiting(action.container, event.time)
             if waiting:
                 errors.append(f"{action.kind} of {action.container} to {action.to} skipped: {waiting}")
                 continue
-            kind = action.undoes if action.kind == "rollback" else action.kind
+            kind = kind_of(action)
             try:
                 if container is None:
                     raise ContainerGone(action.container, "not in this cycle's snapshot")
@@ -348,7 +347,7 @@ class Agent:
                 self.parts.apply(action, container)
                 event = replace(event, ok=True)
                 self._count(action)
-                self._inputs.failures.pop(action.container, None)
+                self._inputs.backoff.succeeded(action.container)
                 if action.decision and action.kind != "rollback":  # judged later by its id
                     self._inputs.decisions.setdefault(action.decision, []).append(event)
             except ContainerGone as e:
@@ -357,24 +356,13 @@ class Agent:
             except PerfbalanceError as e:
                 event = replace(event, error=str(e))
                 errors.append(str(e))
-                self._failed(action.container, event.time)
+                self._inputs.backoff.failed(action.container, event.time)
                 with self.state.lock:
                     self.state.action_errors_total[type(e).__name__] += 1
             if container is not None:
                 self._checkpoint(lambda ck: ck.end_move(container.id, ok=event.ok, kind=kind), errors)
             out.append(event)
         return out
-
-    def _failed(self, container: str, now: float) -> None:
-        count = self._inputs.failures.get(container, (0, 0.0))[0] + 1
-        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (count - 1))
-        self._inputs.failures[container] = (count, now + delay)
-
-    def _backing_off(self, container: str, now: float) -> str:
-        count, until = self._inputs.failures.get(container, (0, 0.0))
-        if until <= now:
-            return ""
-        return f"backing off after {count} failed attempt(s), next try in {until - now:.0f}s"
 
     def _count(self, action: Action) -> None:
         with self.state.lock:

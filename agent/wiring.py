@@ -17,6 +17,7 @@ from agent.discover import podmeta
 from agent.config import Config
 from agent.discover.containers import discover
 from agent.discover.kubelet import KubeletStateReader
+from agent.act.dispatch import CpusetMoves, Dispatch, RdtMoves
 from agent.act.rdt import RdtNode
 from agent.act.vcpu import VcpuActuator
 from agent.discover.vmm import VmmDiscovery, pod_key
@@ -61,6 +62,8 @@ class Parts:
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
+        self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
+                                  "rdt_class": RdtMoves(self.resctrl.apply_class)})
         self.vms = self._make_vms()
         self.vcpus = VcpuActuator()
         self._vmms: tuple[VmmProcess, ...] = ()
@@ -186,14 +189,8 @@ class Parts:
         return self.resctrl.node_metrics()
 
     def apply(self, action: Action, container: Container) -> None:
-        if action.kind in ("cpuset",) or (action.kind == "rollback" and action.undoes == "cpuset"):
-            cpus = CpuSet.parse(action.to)
-            mems = CpuSet.parse(action.mems) if action.mems else None
-            self.cpusets.apply(container, cpus, mems)
-        elif action.kind in ("rdt_class",) or (action.kind == "rollback" and action.undoes == "rdt_class"):
-            self.resctrl.apply_class(container, action.to)
-        else:
-            raise PerfbalanceError(f"unknown action kind {action.kind!r} for {action.container}")
+        """One planned action, by the actuator of its kind (agent/act/dispatch.py)."""
+        self.dispatch.apply(action, container)
 
     def maintain(self, snapshot: Snapshot, state: AgentState,
                  pinning: Sequence[VcpuPinning] = ()) -> list[str]:
