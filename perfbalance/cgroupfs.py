@@ -40,7 +40,7 @@ from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.names import PATH_ELEMENT, name_problem
 from perfbalance.safefs import (CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic,
-                                magic_name, read_bounded)
+                                magic_name, read_bounded, read_text)
 
 Layout = Literal["v1", "v2", "hybrid"]
 
@@ -126,7 +126,8 @@ def detect(root: str) -> tuple[Layout, tuple[Hierarchy, ...]]:
 
 
 def _v2_hierarchy(path: str) -> Hierarchy:
-    text = _read_text(os.path.join(path, "cgroup.controllers"), MAX_READ_BYTES)
+    # layout detection reads files at the trusted root itself; cgroups go through SafeTree
+    text = read_text(os.path.join(path, "cgroup.controllers"), MAX_READ_BYTES, "cgroup file")
     return Hierarchy(path=path, version=2, controllers=frozenset(text.split()))
 
 
@@ -157,15 +158,6 @@ def _v1_hierarchies(root: str) -> tuple[Hierarchy, ...]:
 # ---------------------------------------------------------------------------------------------
 # raw file access
 # ---------------------------------------------------------------------------------------------
-
-def _read_text(path: str, limit: int) -> str:
-    """Layout detection only (files at the trusted root); cgroups go through SafeTree."""
-    with open(path, "rb") as f:
-        raw = f.read(limit + 1)
-    if len(raw) > limit:
-        raise ParseError("cgroup file", path, f"larger than {limit} bytes")
-    return raw.decode("utf-8", errors="replace")
-
 
 def _join(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name

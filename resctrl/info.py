@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfbalance.errors import FeatureUnavailable, ParseError
-from perfbalance.safefs import RDTGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic, magic_name, read_bounded
+from perfbalance.safefs import RDTGROUP_SUPER_MAGIC, SafeTree, UnsafePath, fs_magic, magic_name, read_text
 from resctrl.schemata import Schemata
 
 CACHE_RESOURCES = ("L3", "L3CODE", "L3DATA", "L2", "L2CODE", "L2DATA")
@@ -213,21 +213,10 @@ MOUNTS_MAX_READ = 1 << 22  # /proc/mounts of a node with many container mounts
 SYSFS_MAX_READ = 1 << 12  # a sysfs attribute is at most a page
 
 
-def read_text(path: str, limit: int = INFO_MAX_READ) -> str:
-    """A whole file outside the mount (procfs, sysfs) of at most `limit` bytes, else ParseError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return read_bounded(fd, limit, path).decode(errors="replace")
-    except OverflowError:
-        raise ParseError("file", path, f"larger than {limit} bytes") from None
-    finally:
-        os.close(fd)
-
-
 def find_mount(procfs: str) -> MountInfo | None:
     """The resctrl mount from <procfs>/mounts (pass the host's /proc), or None."""
     try:
-        return parse_mounts(read_text(os.path.join(procfs, "mounts"), MOUNTS_MAX_READ))
+        return parse_mounts(read_text(os.path.join(procfs, "mounts"), MOUNTS_MAX_READ, "mount table"))
     except OSError:
         return None
 
@@ -315,9 +304,9 @@ def cache_sizes(sysfs: str) -> dict[tuple[int, int], int]:
 
 def _cache_entry(path: str) -> tuple[tuple[int, int], int] | None:
     try:
-        level, ident = (int(read_text(os.path.join(path, n), SYSFS_MAX_READ)) for n in ("level", "id"))
-        kind = read_text(os.path.join(path, "type"), SYSFS_MAX_READ).strip()
-        size = parse_size(read_text(os.path.join(path, "size"), SYSFS_MAX_READ))
+        level, ident = (int(read_text(os.path.join(path, n), SYSFS_MAX_READ, "cache attribute")) for n in ("level", "id"))
+        kind = read_text(os.path.join(path, "type"), SYSFS_MAX_READ, "cache attribute").strip()
+        size = parse_size(read_text(os.path.join(path, "size"), SYSFS_MAX_READ, "cache attribute"))
     except (OSError, ValueError):
         return None
     if kind not in ("Unified", "Data") or (level == 1 and kind != "Data"):

@@ -20,6 +20,7 @@ from agent.config import Config, load_config, node_name
 from agent.wiring import host_paths
 from perfbalance.errors import ConfigError, PerfbalanceError
 from perfbalance.host import HostPaths
+from perfbalance.safefs import read_text
 from perfbalance.settings import to_dict
 
 SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "cgroup", "kubelet", "config")
@@ -138,6 +139,9 @@ def report(config: Config, *, config_error: str = "", mount_tracefs: bool = Fals
     return out
 
 
+CONFIG_STATUS_MAX_BYTES = 1 << 16  # one JSON object the agent writes itself
+
+
 def config_status(config: Config, file_error: str) -> dict[str, Any]:
     """The file given to doctor, and what the agent running with this run directory reports."""
     from agent.loop import CONFIG_STATUS_FILE
@@ -145,9 +149,10 @@ def config_status(config: Config, file_error: str) -> dict[str, Any]:
     out: dict[str, Any] = {"available": not file_error, "reason": file_error or "valid"}
     path = os.path.join(config.agent.run_dir, CONFIG_STATUS_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            running = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
+        running = json.loads(read_text(path, CONFIG_STATUS_MAX_BYTES, "agent config status"))
+    except (OSError, ValueError):  # ParseError (too large) is a ValueError too
+        return out
+    if not isinstance(running, dict):  # not what the agent writes: as unreadable
         return out
     out["running_agent"] = running
     if not running.get("valid", True):

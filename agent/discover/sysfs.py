@@ -23,13 +23,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from perfbalance.cpus import online_cpus
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import FeatureUnavailable, ParseError
+from perfbalance.safefs import read_text
 from perfbalance.topology import Cpu, Topology
 
 log = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 1 << 16
+CPUINFO_MAX_BYTES = 16 << 20  # about 1.5 KiB per CPU: room for 10,000 CPUs
 CPU_DIR = "devices/system/cpu"
 NODE_DIR = "devices/system/node"
 
@@ -103,27 +106,24 @@ class CpuInfo:
 # ---------------------------------------------------------------------------------------------
 
 def _read(path: str) -> str | None:
-    """The text of a small sysfs file, or None when it does not exist."""
+    """The text of a small sysfs file, or None when it does not exist (ParseError beyond
+    MAX_FILE_BYTES)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        return read_text(path, MAX_FILE_BYTES, "sysfs file")
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as e:
         # Some attributes (e.g. cpufreq on a VM) exist but refuse reads: treat as absent.
         log.debug("cannot read %s: %s", path, e.strerror)
         return None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ParseError("sysfs file", path, f"larger than {MAX_FILE_BYTES} bytes")
-    return raw.decode("utf-8", errors="replace")
 
 
-def _read_head(path: str, limit: int = 8192) -> str:
-    """The beginning of a file that may be large (cpuinfo grows with the CPU count)."""
+def _read_cpuinfo(path: str) -> str:
+    """/proc/cpuinfo, or "" when it cannot be read: the model name is optional."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", errors="replace")
-    except OSError:
+        return read_text(path, CPUINFO_MAX_BYTES, "cpuinfo")
+    except (OSError, ParseError) as e:
+        log.debug("cannot read %s: %s", path, e)
         return ""
 
 
@@ -138,17 +138,8 @@ def _read_cpuset(path: str) -> CpuSet | None:
 
 
 def read_online(sysfs_root: str) -> CpuSet:
-    """cpu/online; without it, every cpuN directory whose `online` is not 0."""
-    base = os.path.join(sysfs_root, CPU_DIR)
-    online = _read_cpuset(os.path.join(base, "online"))
-    if online is not None:
-        return online
-    try:
-        names = os.listdir(base)
-    except OSError as e:
-        raise FeatureUnavailable("sysfs topology", f"cannot list {base}: {e.strerror}") from None
-    ids = [int(n[3:]) for n in names if n.startswith("cpu") and n[3:].isdigit()]
-    return CpuSet(i for i in ids if _read_int(os.path.join(base, f"cpu{i}", "online"), 1) != 0)
+    """cpu/online; without it, every cpuN directory whose `online` is not 0 (perfbalance.cpus)."""
+    return online_cpus(sysfs_root)
 
 
 def _read_l3(cpu_dir: str) -> CacheInfo | None:
@@ -271,6 +262,6 @@ def read_topology(sysfs_root: str, *, procfs_root: str | None = None) -> Topolog
     isolated = _read_cpuset(os.path.join(sysfs_root, CPU_DIR, "isolated")) or CpuSet()
     model = ""
     if procfs_root is not None:
-        model = parse_cpu_model(_read_head(os.path.join(procfs_root, "cpuinfo")))
+        model = parse_cpu_model(_read_cpuinfo(os.path.join(procfs_root, "cpuinfo")))
     return assemble(infos, nodes=nodes, isolated=isolated,
                     node_mem=read_node_memory(sysfs_root, nodes), cpu_model=model)

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
 from perfbalance.model import Container, KubeletState, PolicyState
+from perfbalance.safefs import read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -228,13 +229,13 @@ def read_checkpoint(path: str, *, limit: int = MAX_BYTES) -> CheckpointData | No
             raise CheckpointError(path, "is a symlink; refusing to follow it") from None
         raise CheckpointError(path, f"cannot open ({e.strerror})") from None
     try:
-        raw = os.read(fd, limit + 1)
+        raw = read_bounded(fd, limit, path)
+    except OverflowError:
+        raise CheckpointError(path, f"larger than {limit} bytes") from None
     except OSError as e:
         raise CheckpointError(path, f"cannot read ({e.strerror})") from None
     finally:
         os.close(fd)
-    if len(raw) > limit:
-        raise CheckpointError(path, f"larger than {limit} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

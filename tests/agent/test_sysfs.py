@@ -116,6 +116,27 @@ def test_core_id_contradicting_siblings_uses_lowest_sibling(big_copy: Path) -> N
     assert len(t.cores()) == 16 and t.siblings(5) == CpuSet.parse("5,21")
 
 
+def test_garbage_cpu_online_file_names_the_file(big_copy: Path) -> None:
+    (big_copy / CPU / "online").unlink()
+    (big_copy / CPU / "cpu3" / "online").write_text("yes\n")
+    with pytest.raises(ParseError, match="cpu online file.*cpu3/online"):
+        sysfs.read_topology(str(big_copy))
+
+
+def test_oversized_sysfs_file_is_an_error_naming_it(big_copy: Path) -> None:
+    (big_copy / CPU / "cpu2" / "topology" / "core_id").write_text("2" * (sysfs.MAX_FILE_BYTES + 1))
+    with pytest.raises(ParseError, match=r"sysfs file.*larger than.*cpu2/topology/core_id"):
+        sysfs.read_topology(str(big_copy))
+
+
+def test_cpu_model_is_read_from_a_cpuinfo_of_many_cpus(big_copy: Path, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    block = "processor\t: {}\nmodel name\t: Xeon Y\nflags\t\t: " + "avx512f " * 150 + "\n\n"
+    (proc / "cpuinfo").write_text("".join(block.format(i) for i in range(448)))
+    assert sysfs.read_topology(str(big_copy), procfs_root=str(proc)).cpu_model == "Xeon Y"
+
+
 def test_garbage_core_id_names_the_file(big_copy: Path) -> None:
     (big_copy / CPU / "cpu2" / "topology" / "core_id").write_text("two\n")
     with pytest.raises(ParseError, match="cpu2/topology/core_id"):

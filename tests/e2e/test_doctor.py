@@ -78,3 +78,28 @@ def test_dump_bpf_prints_each_program_with_its_flags_and_loads_nothing(tmp_path)
         assert f"===== {name} (collector " in res.stdout
     assert "-DPB_MAX_KEYS=512" in res.stdout and "TRACEPOINT_PROBE(sched, sched_switch)" in res.stdout
     assert not (tmp_path / "run").exists()  # nothing was started: no run directory, no checkpoint
+
+
+def _status_section(tmp_path, text: str) -> dict:
+    from agent.cli.doctor import config_status
+    from agent.config import load_config
+    from agent.loop import CONFIG_STATUS_FILE
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CONFIG_STATUS_FILE).write_text(text)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"agent": {"run_dir": str(run)}}))
+    return config_status(load_config(str(cfg)), "")
+
+
+def test_running_agent_rejection_is_read_from_its_status_file(tmp_path):
+    out = _status_section(tmp_path, json.dumps({"valid": False, "pid": 7, "error": "mqtt.port: 99999"}))
+    assert not out["available"] and "pid 7" in out["reason"] and "mqtt.port: 99999" in out["reason"]
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"valid"', json.dumps({"valid": False, "pad": "x" * (1 << 16)})])
+def test_status_file_that_is_no_agent_status_leaves_the_file_verdict(tmp_path, text):
+    # a JSON value that is no object, or a file beyond the bound, is as if there were none
+    out = _status_section(tmp_path, text)
+    assert out == {"available": True, "reason": "valid"}
