@@ -159,7 +159,7 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
 
 def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     """A VM pod's movable containers move together to one target, each keeping its number of
-    CPUs on every host NUMA node (its guest NUMA layout; seed 003)."""
+    CPUs on every host NUMA node (the guest NUMA layout the VM booted with)."""
     for cid in sorted(d.cpus):
         sb = ctx.sandbox_of.get(cid)
         if sb is None:

@@ -2,7 +2,7 @@
 
 For every scenario of agent.bench.scenarios it scores four strategies (no rebalancing, the
 placement-only AVX-512 tag, perfbalance in closed loop, the exhaustive optimum where feasible),
-then checks the goals of issue 4: within 5 % of the optimum, >= 90 % of the avoidable AVX-512
+then checks its goals: within 5 % of the optimum, >= 90 % of the avoidable AVX-512
 slowdown removed, no ping-pong over 10,000 noisy cycles, a 1000-container / 256-CPU plan in
 <= 100 ms. Planning time is CPU time of this process (time.process_time), the median of several
 runs, so that other load on a shared host does not inflate it; wall time is reported beside it.

@@ -2,7 +2,7 @@
 
 It is the yardstick of `perfbalance bench plan`: the planner only sees the Snapshots this module
 emits (the same metric names the collectors produce), and its decisions are scored here. The
-models are the documented ones of field-notes section 7, written independently of the planner's
+models are the ones documented below, written independently of the planner's
 cost model (the planner estimates from measurements; this module is the ground truth):
 
 * CPU sharing: water-filling of each cpuset group's demand (rebalancer.sharing, CFS-like);

@@ -427,7 +427,7 @@ def _guest_numa(report: CycleReport) -> Iterable[GaugeMetricFamily]:
 
 
 def _vcpu_pins(report: CycleReport) -> GaugeMetricFamily:
-    """The host CPU <-> vCPU mapping of VM-sandboxed containers with dedicated CPUs (seed 000).
+    """The host CPU <-> vCPU mapping of VM-sandboxed containers with dedicated CPUs.
 
     The one series with a CPU next to a container: each pinned host CPU belongs to exactly one
     vCPU of one container, so there are at most as many series as CPUs, never CPUs x containers.

@@ -1,5 +1,5 @@
-"""The planner and VM sandboxes (Kata, KubeVirt): capacity is the pod's vCPUs rounded up once
-(seed 001); moves keep the vCPUs per host NUMA node (seed 003); a VM pod moves as a whole."""
+"""The planner and VM sandboxes (Kata, KubeVirt): capacity is the pod's vCPUs rounded up once;
+moves keep the vCPUs per host NUMA node (the guest NUMA layout); a VM pod moves as a whole."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def targets(p: Plan) -> dict[str, str]:
     return {a.container: a.to for a in p.actions if a.kind == "cpuset"}
 
 
-# -- NUMA-preserving moves (seed 003) ----------------------------------------------------------
+# -- NUMA-preserving moves: each container keeps its CPUs per host node -----------------------
 
 @pytest.mark.parametrize("sandbox", ["kata", "kubevirt"])
 def test_vm_move_that_changes_vcpus_per_numa_node_is_refused(sandbox: str) -> None:
@@ -98,7 +98,7 @@ def test_violations_name_broken_vm_rules(moves: dict[str, str], problem: str) ->
     assert any(problem in v for v in violations(s, Plan(time=s.time, actions=actions)))
 
 
-# -- capacity: the pod's vCPUs, rounded up once (seed 001) --------------------------------------
+# -- capacity: the pod's vCPUs, rounded up once ------------------------------------------------
 
 @pytest.mark.parametrize("sandbox, limits, requests, overhead, cpus", [
     ("kata", (750, 250), (0, 0), 0, 1),  # 0.75 + 0.25 -> 1 CPU, not ceil + ceil = 2

@@ -1,4 +1,4 @@
-"""Seed 003: guest NUMA nodes from the pinned host CPUs, hugepages split, moves that keep it."""
+"""Guest NUMA nodes from the pinned host CPUs, hugepages split, moves that keep it."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ def ctr(cid, cpus, *, exclusive=False):
     return Container(id=cid, cgroup=f"pod/{cid}", cpuset=S(cpus), exclusive=exclusive)
 
 
-def test_seed_case_two_host_cpus_become_guest_vcpus():
-    """Seed 000 Case II: A on host CPU 4, B on 5-6, VM vCPUs 0-3 (vCPU 0 for the guest)."""
+def test_dedicated_host_cpus_become_guest_vcpus_after_the_guest_vcpu():
+    """A on host CPU 4, B on 5-6, VM vCPUs 0-3: vCPU 0 stays for the guest, 1-3 map 1:1."""
     p = map_vcpus(exclusive={"A": S("4"), "B": S("5-6")}, vcpus=range(4))
     assert p.mapping == {"A": {4: 1}, "B": {5: 2, 6: 3}}
     assert to_guest(p.mapping["B"], S("5-6")) == S("2-3")

@@ -1,4 +1,4 @@
-"""Seed 000, second part: one vCPU per dedicated CPU, pinned 1:1, the mapping kept, exported and
+"""One vCPU per dedicated CPU, pinned 1:1, the mapping kept, exported and
 moved with the container; on the stand-in QEMU in real cgroups (2 CPUs are enough)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seed 000, mandatory part: vCPU threads run on the OR of the sandbox's containers' cpusets,
+"""vCPU threads run on the OR of the sandbox's containers' cpusets,
 helpers on the shared pool; checked on stand-in VMMs in real cgroups with sched_getaffinity."""
 
 from __future__ import annotations

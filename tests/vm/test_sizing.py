@@ -1,4 +1,4 @@
-"""Seed 001: vCPUs from VMM overhead + containers' limits in milli-CPU, rounded up once."""
+"""vCPUs from VMM overhead + containers' limits in milli-CPU, rounded up once."""
 
 from __future__ import annotations
 
