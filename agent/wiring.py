@@ -170,11 +170,9 @@ class Parts:
             for cid, metrics in got.items():
                 if cid in merged:
                     merged[cid].update(metrics)
-        from agent.snapshot.collectors import derive
+        from agent.snapshot.derive import derive
 
-        for cid, metrics in merged.items():
-            metrics.update(derive(metrics))
-        return merged
+        return {cid: derive(metrics) for cid, metrics in merged.items()}
 
     def collector_errors(self) -> list[str]:
         return list(self._collector_errors)

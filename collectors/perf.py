@@ -187,17 +187,16 @@ def window_counts(events: Sequence[EventSpec], raw: Raw) -> dict[str, float]:
 
 def derive(events: Sequence[EventSpec], counts: Mapping[str, float], totals: Mapping[str, float],
            window: float) -> dict[str, float]:
-    """One container's metrics: <stem>_total, <stem>_per_second, ipc, llc_mpki, cpu_seconds_pmu."""
+    """One container's metrics: <stem>_total and <stem>_per_second of each event.
+
+    Ratios of events (ipc, llc_mpki) are derived from these rates once the agent has merged every
+    collector's metrics (agent/snapshot/derive.py).
+    """
     out: dict[str, float] = {}
     for e in events:
         out[f"{e.stem}_total"] = totals.get(e.name, 0.0)
         if window > 0:
             out[f"{e.stem}_per_second"] = counts.get(e.name, 0.0) / window
-    instr, cycles, misses = (counts.get(k, 0.0) for k in ("instructions", "cycles", "llc_misses"))
-    if cycles > 0 and "instructions" in counts:
-        out["ipc"] = instr / cycles
-    if instr > 0 and "llc_misses" in counts:
-        out["llc_mpki"] = misses / (instr / 1000.0)
     return out
 
 

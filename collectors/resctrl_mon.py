@@ -5,9 +5,9 @@ it there across class moves and re-sweeps new threads every cycle). Counters are
 rates come from deltas over the window, totals are our monotonic sums (resctrl/counters.py: a
 decrease is a reset, "Unavailable" is no sample). When RMIDs run out the remaining containers are
 monitored by class only, and `status().detail` says how many and why.
-Where the node has no MBM, memory bandwidth can be estimated from the PMU collector's LLC misses
-x 64 B; that collector runs separately, so the estimate is a pure helper the agent applies after
-merging every collector's metrics (`estimate_bandwidth`), labelled memory_bandwidth_estimated=1.
+Measured bandwidth is labelled memory_bandwidth_estimated=0. Where the node has no MBM, the agent
+estimates it from the PMU collector's LLC misses after merging every collector's metrics
+(agent/snapshot/derive.py), labelled memory_bandwidth_estimated=1.
 """
 
 from __future__ import annotations
@@ -24,23 +24,7 @@ from resctrl.metrics import ResctrlMetrics, class_metrics
 from resctrl.tids import cgroup_tids
 
 log = logging.getLogger(__name__)
-CACHE_LINE_BYTES = 64
 TidsOf = Callable[[Container], Sequence[int]]
-
-
-def with_bandwidth_estimate(metrics: Mapping[str, float]) -> dict[str, float]:
-    """One container's metrics, with memory bandwidth estimated from LLC misses when MBM is missing."""
-    out = dict(metrics)
-    if "memory_bandwidth_bytes_per_second" in out or "llc_misses_per_second" not in out:
-        return out
-    out["memory_bandwidth_bytes_per_second"] = out["llc_misses_per_second"] * CACHE_LINE_BYTES
-    out["memory_bandwidth_estimated"] = 1.0
-    return out
-
-
-def estimate_bandwidth(per_container: Metrics) -> dict[str, dict[str, float]]:
-    """`with_bandwidth_estimate` for every container of merged collector metrics."""
-    return {cid: with_bandwidth_estimate(m) for cid, m in per_container.items()}
 
 
 class ResctrlMonCollector:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perfbalance.avx512 import avx512_heavy
 from perfbalance.hints import avx512_hint
 from rebalancer.affinity import overlap
 from rebalancer.context import Context
@@ -31,7 +32,7 @@ def _avx512(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> list[d
         heavy = ctx.views[s.id].heavy
         if "avx512_heavy" not in s.metrics:
             state, why = "unmeasured", "pre-classified by annotation; no AVX-512 measurement to check it"
-        elif heavy and s.metrics["avx512_heavy"] > thr:
+        elif heavy and avx512_heavy(s.metrics, thr):
             state, why = "confirmed", "annotation confirmed: 512-bit execution measured"
         elif heavy:
             state, why = "preclassified", "pre-classified by annotation; measurement takes over after smoothing"

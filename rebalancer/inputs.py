@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from perfbalance.avx512 import avx512_heavy
 from perfbalance.model import ContainerSample, Snapshot
 from perfbalance.hints import HintKeys, avx512_hint
 from rebalancer.config import RebalancerConfig
@@ -81,11 +82,11 @@ def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConf
     c = sample.container
     usage = max(0.0, m.get("cpu_usage_cores", 0.0))
     misses = max(0.0, m.get("llc_misses_per_second", 0.0))
-    bandwidth = m.get("memory_bandwidth_bytes_per_second", misses * 64.0)
+    bandwidth = m.get("memory_bandwidth_bytes_per_second", 0.0)  # measured or estimated when the snapshot was built
     ips = m.get("instructions_per_second")
     return View(
         id=c.id, usage=usage, request_mcpu=max(0, c.request_mcpu),
-        heavy=m.get("avx512_heavy", 0.0) > config.avx512_heavy_threshold,
+        heavy=avx512_heavy(m, config.avx512_heavy_threshold),
         misses=misses, mpki=max(0.0, m.get("llc_mpki", 0.0)),
         occupancy=m.get("llc_occupancy_bytes"), bandwidth=max(0.0, bandwidth),
         memory_bytes=int(max(c.memory_bytes, m.get("memory_bytes", 0.0))),

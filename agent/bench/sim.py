@@ -28,6 +28,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from agent.snapshot.derive import derive
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import CollectorStatus, Container, ContainerSample, KubeletState, Snapshot
 from perfbalance.topology import Topology
@@ -245,7 +246,7 @@ def snapshot(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, froze
                       cpuset=CpuSet(cpus[w.id]), mems=CpuSet(idx.nodes_of(cpus[w.id])),
                       request_mcpu=w.request_mcpu, memory_bytes=w.memory_bytes,
                       exclusive=w.exclusive, rdt_class=classes.get(w.id, ""))
-        samples.append(ContainerSample(container=c, metrics=m))
+        samples.append(ContainerSample(container=c, metrics=derive(m)))  # as the agent builds a Snapshot
     collectors = {"cgroup": CollectorStatus(up=True), "avx512": CollectorStatus(up=True),
                   "perf": CollectorStatus(up=pmu), "resctrl": CollectorStatus(up=resctrl and bool(node.rdt_class))}
     return Snapshot(time=time, window=10.0, node="sim", topology=node.topology,

@@ -62,12 +62,13 @@ def parse_snapshot_text(text: str, *, source: str) -> Snapshot:
 
 def main(args: argparse.Namespace) -> int:
     from agent.config import load_config
+    from agent.snapshot.derive import with_derived
     from rebalancer import plan
 
     try:
         if args.now is not None and not math.isfinite(args.now):
             raise ParseError("--now", args.now, "must be finite")
-        snapshot = load_snapshot(args.snapshot)
+        snapshot = with_derived(load_snapshot(args.snapshot))  # the values the agent derives, as it would
         config = load_config(args.config).rebalancer if args.config else None
     except (ParseError, ConfigError) as e:
         print(f"perfbalance plan: {e}", file=sys.stderr)

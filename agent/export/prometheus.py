@@ -121,7 +121,7 @@ def cpu_heat(snap: Snapshot) -> list[CpuHeat]:
             cpu=c.id, core=c.core, node=c.node, l3=c.l3,
             avx512=max((s.metrics.get("avx512_active_ratio", 0.0) for s in on), default=0.0),
             heavy=c.id in heavy,
-            mpki=max((_mpki(s.metrics) or 0.0 for s in on), default=0.0),
+            mpki=max((s.metrics.get("llc_mpki", 0.0) for s in on), default=0.0),
             bandwidth=sum(_bandwidth_share(s, snap) for s in on),
             classes=tuple(sorted({rdt_class(s) for s in on})),
             containers=tuple(display_name(s) for s in on),
@@ -169,34 +169,6 @@ def last_realized(realized: Sequence[Realized]) -> dict[str, Realized]:
     for r in realized:
         out[r.container] = r  # the list is oldest first
     return out
-
-
-def _mpki(m: Mapping[str, float]) -> float | None:
-    if "llc_mpki" in m:
-        return m["llc_mpki"]
-    ins = m.get("instructions_per_second", 0.0)
-    if ins > 0 and "llc_misses_per_second" in m:
-        return m["llc_misses_per_second"] * 1000.0 / ins
-    return None
-
-
-def _ipc(m: Mapping[str, float]) -> float | None:
-    if "ipc" in m:
-        return m["ipc"]
-    cyc = m.get("cycles_per_second", 0.0)
-    if cyc > 0 and "instructions_per_second" in m:
-        return m["instructions_per_second"] / cyc
-    return None
-
-
-def _bytes_per_instruction(m: Mapping[str, float]) -> float | None:
-    """Memory traffic per instruction: what a container asks of memory for each unit of work."""
-    if "bytes_per_instruction" in m:
-        return m["bytes_per_instruction"]
-    ins = m.get("instructions_per_second", 0.0)
-    if ins > 0 and "memory_bandwidth_bytes_per_second" in m:
-        return m["memory_bandwidth_bytes_per_second"] / ins
-    return None
 
 
 def _bandwidth_share(s: ContainerSample, snap: Snapshot) -> float:
@@ -286,8 +258,8 @@ def _agent_families(view: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _moves(moves: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
-    folded: dict[tuple[str, str], float] = {}
     """Moves by (kind, reason code) as counted by the loop; codes beyond MAX_REASONS fold into "other"."""
+    folded: dict[tuple[str, str], float] = {}
     reasons: set[str] = set()
     for (kind, reason), n in sorted(moves.items()):
         code = label_value(reason)
@@ -373,23 +345,12 @@ def _container_families(report: CycleReport, view: Mapping[str, Any]) -> Iterato
     for suffix, key, doc in CONTAINER_GAUGES:
         fam = _gauge(f"perfbalance_container_{suffix}", doc, labels=ID)
         for ident, s in samples:
-            value = _container_value(s, key)
-            if value is not None:
-                fam.add_metric(list(ident), value)
+            if key in s.metrics:  # derived values (ipc, llc_mpki, ...) come with the snapshot
+                fam.add_metric(list(ident), s.metrics[key])
         yield fam
     yield _info(samples)
     yield _contamination(samples, report.contamination)
     yield from _decision_families(samples, view)
-
-
-def _container_value(s: ContainerSample, key: str) -> float | None:
-    if key == "ipc":
-        return _ipc(s.metrics)
-    if key == "llc_mpki":
-        return _mpki(s.metrics)
-    if key == "bytes_per_instruction":
-        return _bytes_per_instruction(s.metrics)
-    return s.metrics.get(key)
 
 
 def _unique(snap: Snapshot) -> list[tuple[tuple[str, str, str], ContainerSample]]:
@@ -560,7 +521,7 @@ def _container_row(s: ContainerSample, name: str, contaminated: float) -> dict[s
     return {"id": s.id, "name": name, "cpuset": str(s.container.cpuset), "class": rdt_class(s),
             "qos": s.container.qos, "heavy": is_heavy(s), "contamination": contaminated,
             "avx512": m.get("avx512_active_ratio"), "evex256": m.get("evex256_ratio"),
-            "ipc": _ipc(m), "mpki": _mpki(m), "cpu": m.get("cpu_usage_cores"),
+            "ipc": m.get("ipc"), "mpki": m.get("llc_mpki"), "cpu": m.get("cpu_usage_cores"),
             "bandwidth": m.get("memory_bandwidth_bytes_per_second")}
 
 

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfbalance.avx512 import avx512_heavy
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import ContainerSample, Plan, Snapshot
 from perfbalance.sandbox import VcpuPinning
 
 RECENT_APPLIED = 50  # how many applied actions the node view and /api/state keep
-HEAVY_RATIO = 0.10  # avx512_active_ratio treated as heavy when the collector gives no avx512_heavy
 
 _NON_CODE = re.compile(r"[^a-z0-9]+")
 
@@ -40,10 +40,8 @@ def effective_cpus(sample: ContainerSample, snap: Snapshot) -> CpuSet:
 
 
 def is_heavy(sample: ContainerSample) -> bool:
-    m = sample.metrics
-    if "avx512_heavy" in m:
-        return m["avx512_heavy"] >= 0.5
-    return m.get("avx512_active_ratio", 0.0) >= HEAVY_RATIO
+    """The collector's AVX-512-heavy flag, read by the rule the planner uses."""
+    return avx512_heavy(sample.metrics)
 
 
 def heavy_cores(snap: Snapshot, *, exclude: str = "") -> CpuSet:

@@ -7,6 +7,7 @@ server on their SMT siblings 4-5 (so fully contaminated), and a memory-hungry da
 from __future__ import annotations
 
 from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
+from agent.snapshot.derive import derive
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, CollectorStatus, Container, ContainerSample, Plan, Snapshot
 from perfbalance.topology import synthetic
@@ -26,11 +27,11 @@ TRAINER = ContainerSample(container=container("c-train", "ml", "trainer-0", "tra
     "avx512_heavy": 1.0, "instructions_total": 9.1e12, "cycles_total": 8.0e12, "llc_misses_total": 3.3e9,
     "ipc": 1.1, "llc_mpki": 0.4, "memory_bandwidth_bytes_per_second": 1.0e9, "mbm_total_bytes_total": 4.0e12,
     "llc_occupancy_bytes": 8 << 20})
-WEB = ContainerSample(container=container("c-web", "web", "frontend-7d9f", "nginx", "4-5"), metrics={
+WEB_MEASURED = {  # what the collectors report; the Snapshot carries it with the derived values
     "cpu_usage_cores": 0.7, "cpu_seconds_total": 300.25, "avx512_active_ratio": 0.0, "evex256_ratio": 0.9,
     "avx512_heavy": 0.0, "instructions_per_second": 2.0e9, "cycles_per_second": 2.5e9,
-    "llc_misses_per_second": 4.0e6, "memory_bandwidth_bytes_per_second": 2.56e8,
-    "memory_bandwidth_estimated": 1.0})
+    "llc_misses_per_second": 4.0e6}
+WEB = ContainerSample(container=container("c-web", "web", "frontend-7d9f", "nginx", "4-5"), metrics=derive(WEB_MEASURED))
 DB = ContainerSample(container=container("c-db", "db", "postgres-0", "pg", "2-3,6-7", "lc"), metrics={
     "cpu_usage_cores": 3.1, "cpu_seconds_total": 5000.0, "avx512_active_ratio": 0.01, "ipc": 0.6,
     "llc_mpki": 12.5, "memory_bandwidth_bytes_per_second": 9.0e9, "mbm_total_bytes_total": 7.5e13,

@@ -16,6 +16,7 @@ from agent.export.mqtt import MqttPublisher
 from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, state_json
 from agent.export.report import AgentState, reason_code
 from agent.loop import Agent
+from agent.snapshot.derive import derive
 from perfbalance.model import ContainerSample
 from resctrl.metrics import ClassUsage, ResctrlMetrics
 
@@ -71,10 +72,18 @@ def test_scrape_leaves_counters_and_state_alone() -> None:
     assert st.moves_total[("cpuset", reason_code(s.MOVE_REASON))] == 1
 
 
-def test_ipc_and_mpki_are_derived_from_rates_when_not_given() -> None:
+def test_ipc_and_mpki_are_the_snapshots_derived_values() -> None:
     fams = scrape(s.state())
-    assert value(fams, "perfbalance_container_ipc", **WEB_ID) == 0.8  # 2.0e9 / 2.5e9
-    assert value(fams, "perfbalance_container_llc_mpki", **WEB_ID) == 2.0  # 4e6 * 1000 / 2e9
+    assert value(fams, "perfbalance_container_ipc", **WEB_ID) == s.WEB.metrics["ipc"]
+    assert value(fams, "perfbalance_container_llc_mpki", **WEB_ID) == s.WEB.metrics["llc_mpki"]
+    assert value(fams, "perfbalance_container_memory_bandwidth_estimated", **WEB_ID) == 1.0
+
+
+def test_the_exporter_derives_nothing_itself() -> None:
+    raw = ContainerSample(container=s.WEB.container, metrics=s.WEB_MEASURED)  # not through derive()
+    fams = scrape(s.state(s.report((raw,), with_move=False)))
+    for name in ("ipc", "llc_mpki", "memory_bandwidth_bytes_per_second", "memory_bandwidth_bytes_per_instruction"):
+        assert fams[f"perfbalance_container_{name}"] == [], name
 
 
 def test_bytes_per_instruction_is_bandwidth_over_instructions_where_both_exist() -> None:
@@ -87,7 +96,7 @@ def test_bytes_per_instruction_is_bandwidth_over_instructions_where_both_exist()
 
 
 def test_no_bytes_per_instruction_without_instructions() -> None:
-    idle = ContainerSample(container=s.WEB.container, metrics={**s.WEB.metrics, "instructions_per_second": 0.0})
+    idle = ContainerSample(container=s.WEB.container, metrics=derive({**s.WEB_MEASURED, "instructions_per_second": 0.0}))
     fams = scrape(s.state(s.report((idle,), with_move=False)))
     assert fams["perfbalance_container_memory_bandwidth_bytes_per_instruction"] == []
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfbalance.model import Container
-from collectors.resctrl_mon import ResctrlMonCollector, estimate_bandwidth, with_bandwidth_estimate
+from collectors.resctrl_mon import ResctrlMonCollector
 from resctrl.counters import CounterTracker
 from resctrl.metrics import class_metrics
 from rchelpers import open_on
@@ -122,12 +122,3 @@ def test_no_monitoring_hardware_is_down_with_reason(emulator) -> None:
     col = ResctrlMonCollector(manager=open_on(emu, "classes: {gold: {l2: '50%'}}").manager)
     st = col.start()
     assert not st.up and "no monitoring" in st.reason and "L2" in st.reason
-
-
-def test_bandwidth_is_estimated_from_llc_misses_only_when_mbm_is_missing() -> None:
-    assert with_bandwidth_estimate({"llc_misses_per_second": 1000.0}) == {
-        "llc_misses_per_second": 1000.0, "memory_bandwidth_bytes_per_second": 64000.0, "memory_bandwidth_estimated": 1.0}
-    measured = {"llc_misses_per_second": 1000.0, "memory_bandwidth_bytes_per_second": 5.0, "memory_bandwidth_estimated": 0.0}
-    assert with_bandwidth_estimate(measured) == measured
-    assert estimate_bandwidth({"a": {}, "b": {"llc_misses_per_second": 1.0}}) == {
-        "a": {}, "b": {"llc_misses_per_second": 1.0, "memory_bandwidth_bytes_per_second": 64.0, "memory_bandwidth_estimated": 1.0}}
