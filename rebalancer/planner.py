@@ -171,7 +171,6 @@ def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
         why = numa_move_problem(ctx.idx, ctx.snapshot, layout.placement[cid], d.cpus[cid])
         if why:
             return f"constraint: {cid} ({sb.kind} pod {sb.pod}): {why}"
-    return ""
     return _guest_layout_constraint(ctx, layout, d)
 
 
@@ -189,6 +188,7 @@ def _guest_layout_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
         why = layout_move_problem(topology=ctx.snapshot.topology, vmm=vmm, before=before, after=after)
         if why:
             return f"constraint: {sb.kind} pod {pod}: {why}"
+    return ""
 
 
 def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, lat: float, d: Decision) -> Scored:
