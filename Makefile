@@ -1,5 +1,5 @@
 # The two commands of the README. Both do all set-up idempotently (see scripts/setup.sh).
-.PHONY: run test setup-run setup-test lint bench release clean
+.PHONY: run test setup-run setup-test lint bench image release clean
 
 PY := .venv/bin/python
 ARGS ?=
@@ -21,6 +21,10 @@ setup-test:
 bench: setup-test
 	.venv/bin/perfbalance bench collect --json
 	.venv/bin/perfbalance bench plan --json
+
+# The agent's image from deploy/Containerfile with podman; no registry needed (docs/deploy.md)
+image: setup-test
+	scripts/build-image.sh
 
 # sdist, wheel, image (OCI archive), checksums in dist/; the wheel checked in a clean venv
 release: setup-test

@@ -12,6 +12,10 @@ TEST_PKGS=(mosquitto prometheus stress-ng chromium fuse3 libfuse3-3 procps util-
 TEST_PKGS+=(containerd runc busybox-static)
 # tests/node: a real VMM (QEMU/KVM) in Kata- and KubeVirt-shaped pod cgroups
 TEST_PKGS+=(qemu-system-x86)
+# tests/node/test_image.py, make image: the agent's image built with podman (runc) on a base from mmdebstrap
+TEST_PKGS+=(podman mmdebstrap)
+# tests/node: a cgroup-v2-only guest (Debian's 6.1 kernel under virtme-ng; only adds it to /boot)
+TEST_PKGS+=(linux-image-amd64)
 
 pkgs=("${RUN_PKGS[@]}")
 [ "$MODE" = test ] && pkgs+=("${TEST_PKGS[@]}")
@@ -45,7 +49,7 @@ if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$SITE/bcc" ]; then
     ln -s /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
 fi
 
-EXTRA="[nri]"
+EXTRA="[nri,demo]"       # demo: numpy for `perfbalance demo`'s AVX-512 and cache workloads
 [ "$MODE" = test ] && EXTRA="[test]"
 STAMP="$VENV/.installed-$MODE"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
