@@ -34,6 +34,18 @@ pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
 
 IMAGE_HEADERS = "/usr/share/perfbalance/kernel-headers"
 BEFORE_MB = 614  # the single-stage image this one replaced
+PREFIX = f"pbimage-{os.getpid()}-"  # this session's podman containers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_container_left() -> Iterator[None]:
+    yield
+    if img.missing_tools() or not (img.CACHE / "containers.conf").exists():
+        return
+    left = img.podman("ps", "-a", "--filter", f"name=^{PREFIX}", "--format", "{{.Names}}", check=False).stdout.split()
+    if left:
+        img.podman("rm", "-f", "--ignore", *left, check=False)
+    assert not left, f"containers left behind: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +91,7 @@ class Agent:
     def __init__(self, image: str, tmp: Path, hosts: Mapping[str, str | None], *, recursive: bool = True,
                  overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.image, self.port = image, free_port()
-        self.name = f"pbimage-{uuid.uuid4().hex[:10]}"
+        self.name = f"{PREFIX}{uuid.uuid4().hex[:10]}"
         cfg_dir = tmp / f"config-{self.name}"
         cfg_dir.mkdir()
         cfg = img.config({"kubernetes": {"api": "off"}, "metrics": {"listen": f"127.0.0.1:{self.port}"},
