@@ -111,18 +111,18 @@ def test_moved_container_stays_moved_against_the_runtime(containerd, tmp_path: P
         # Now the rewrite cannot be undone: the runtime sets "0" and the pod's cgroup is narrowed
         # to "0", so writing "1" into the container's cgroup is EACCES (cpuset v1: a child's CPUs
         # must be a subset of its parent's).
-        assert agent.wiring is not None
-        agent.wiring.cpusets.backoff_base = 3.0
+        assert agent.parts is not None
+        agent.parts.cpusets.backoff_base = 3.0
         containerd.update_cpuset(a, "0")
         pod_cpuset.write_text("0")
 
     def after_refused(r: dict[str, Any]) -> None:
         errs = [e for e in r["errors"] if a in e]
         assert errs and "EACCES" in errs[0] and "drift" in errs[0], r["errors"]
-        assert agent.wiring.cpusets.counters["drift_reassert_failed_total"] == 1
+        assert agent.parts.cpusets.counters["drift_reassert_failed_total"] == 1
 
     def backing_off(r: dict[str, Any]) -> None:
-        counters = agent.wiring.cpusets.counters
+        counters = agent.parts.cpusets.counters
         if counters["drift_backoff_skipped_total"] and "widened" not in seen:
             assert not [e for e in r["errors"] if a in e]  # skipped, not retried and not reported
             pod_cpuset.write_text("0-1")
@@ -139,7 +139,7 @@ def test_moved_container_stays_moved_against_the_runtime(containerd, tmp_path: P
     def after_gone(r: dict[str, Any]) -> None:
         (ev,) = [e for e in r["applied"] if e["container"] == a]
         assert not ev["ok"] and a in ev["error"], ev
-        assert a not in agent.wiring.cpusets.applied()
+        assert a not in agent.parts.cpusets.applied()
         assert not any((h / pod_a.cgroup(top) / a).exists() for h in CGROUP_ROOT.iterdir())
         seen["gone"] = True
         agent.request_stop()
@@ -155,6 +155,6 @@ def test_moved_container_stays_moved_against_the_runtime(containerd, tmp_path: P
         raise script.failure
     assert seen.get("gone"), f"the agent stopped before the end of the script: {seen}"
     assert seen["late"] and seen["widened"] < seen["done"]
-    counters = agent.wiring.cpusets.counters
+    counters = agent.parts.cpusets.counters
     assert counters["drift_backoff_skipped_total"] >= 1 and counters["drift_reassert_failed_total"] == 1
 
