@@ -91,9 +91,14 @@ static __always_inline void rq_account(struct rq_parked *p) {
         return;
     }
     u64 units = p->delay_ns >> 10;
-    u32 s = units ? bpf_log2l(units) : 0;
+    // A 64-bit index, clamped in the register that indexes: with a u32, clang zero-extends one
+    // copy for the comparison and another for the index, and the 6.1 verifier, not linking the
+    // two, refuses the load ("R2 unbounded memory access"; newer verifiers accept it). The empty
+    // asm (libbpf's barrier_var()) keeps clang from re-deriving the index after the clamp.
+    u64 s = units ? bpf_log2l(units) : 0;
     if (s >= PB_SLOTS)
         s = PB_SLOTS - 1;
+    asm volatile("" : "+r"(s));
     __sync_fetch_and_add(&h->slot[s], 1);
     __sync_fetch_and_add(&h->sum_ns, p->delay_ns);
 }
