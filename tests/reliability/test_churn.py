@@ -39,10 +39,12 @@ RATE = 50  # created and destroyed per second
 CHURN_SECONDS = 60 if FULL else 20
 # RSS is judged by its least-squares slope over the churn, after a 5 s settling (the first
 # churn seconds still grow the fd cache and the allocator's arenas). Leaking one Container with its
-# metrics dict (~3-5 KiB) per created container would be >= 150 KiB/s at 50 containers/s; the
-# measured slope is ~10-20 KiB/s of allocator noise. 40 KiB/s (< 1 KiB per created container)
-# separates the two.
-RSS_SLOPE_BOUND_KIB_PER_S = 40.0
+# metrics dict (~3-5 KiB) per created container would be >= 150 KiB/s at 50 containers/s. On a
+# quiet machine the slope is ~10-20 KiB/s of allocator noise, but under the whole suite on this
+# 2-core VM it has measured 41 and 86 KiB/s (on the tree before and after the architecture move
+# alike, passing runs in between), so 100 KiB/s (2 KiB per created container) is the bound that
+# still tells a per-container leak from that noise.
+RSS_SLOPE_BOUND_KIB_PER_S = 100.0
 SETTLE_SECONDS = 5
 SLACK_FDS = 8  # sockets of a scrape in flight, a log file rotation
 SLACK_MAP_ENTRIES = 16  # cgroups of other helpers' processes that ran meanwhile
