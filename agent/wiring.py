@@ -13,16 +13,16 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from agent.discover import podmeta
-from agent.config import Config
-from agent.discover.containers import discover
-from agent.discover.kubelet import KubeletStateReader
 from agent.act.dispatch import CpusetMoves, Dispatch, RdtMoves
 from agent.act.rdt import RdtNode
 from agent.act.vcpu import VcpuActuator
-from agent.discover.vmm import VmmDiscovery, pod_key
-from agent.export.report import AgentState
+from agent.config import Config
+from agent.discover import podmeta
+from agent.discover.containers import discover
+from agent.discover.kubelet import KubeletStateReader
 from agent.discover.sysfs import read_topology
+from agent.discover.vmm import VmmDiscovery
+from agent.export.report import AgentState
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
@@ -95,8 +95,8 @@ class Parts:
         """VMM discovery (threads, hugepages) for the snapshot; the vCPU actuator is always made."""
         if not self.config.vm.enabled:
             return None
-        return VmmDiscovery(config=self.config.vm, procfs_root=self.config.host.procfs_root,
-                            cgroupfs=self.cgfs, sysfs_root=self.config.host.sysfs_root)
+        return VmmDiscovery(config=self.config.vm, procfs_root=self.host.procfs,
+                            cgroupfs=self.cgfs, sysfs_root=self.host.sysfs)
 
     def _log_status(self, name: str, status: CollectorStatus) -> None:
         """Log a collector's state once per change, never per cycle."""
@@ -123,6 +123,7 @@ class Parts:
         self.cpusets.allow_isolated = config.cpuset.allow_isolated
         if config.vm != old.vm:  # patterns, enabled: a new VM sandbox part from the new section
             self.vms = self._make_vms()
+            self._vmms = ()  # found by the old part: the next discovery finds them again, or not
             log.info("vm: VM sandbox support %s with the reloaded settings",
                      "rebuilt" if self.vms is not None else "off")
 
@@ -242,7 +243,7 @@ def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) ->
 
 def mark_sandboxed(containers: Sequence[Container], vm_pods: set[str]) -> list[Container]:
     """Containers of pods where a VMM runs get `sandbox="vm"` unless pod metadata named the kind."""
-    return [dataclasses.replace(c, sandbox="vm") if not c.sandbox and pod_key(c) in vm_pods else c
+    return [dataclasses.replace(c, sandbox="vm") if not c.sandbox and c.pod_key in vm_pods else c
             for c in containers]
 
 

@@ -9,6 +9,7 @@ saved and replayed with `perfbalance plan`.
 from __future__ import annotations
 
 import math
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -50,6 +51,11 @@ class Container:
     def __post_init__(self) -> None:
         if self.qos not in QOS_CLASSES:
             raise ParseError("container qos", self.qos, f"must be one of {QOS_CLASSES}")
+
+    @property
+    def pod_key(self) -> str:
+        """Containers of one pod share a sandbox: the pod UID, else the parent cgroup."""
+        return self.pod_uid or posixpath.dirname(self.cgroup.strip("/"))
 
     def to_json(self) -> dict[str, Any]:
         return {

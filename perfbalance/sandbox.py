@@ -41,7 +41,7 @@ class PodHugepages:
 class VmmProcess:
     """One pod's VMM as discovery found it: who runs where, nothing decided yet."""
 
-    pod: str  # pod key: pod UID, else the pod's cgroup (rebalancer.vm.pod_key)
+    pod: str  # pod key: pod UID, else the pod's cgroup (Container.pod_key)
     cgroup: str  # the pod's cgroup, relative to the cgroup root
     pid: int
     comm: str

@@ -45,7 +45,7 @@ class View(NamedTuple):
     rdt_class: str
     cpuset: frozenset[int]
     mems: frozenset[int]
-    sandbox_pod: str = ""  # pod key (rebalancer.vm.pod_key) when it runs in a VM sandbox
+    sandbox_pod: str = ""  # pod key (Container.pod_key) when it runs in a VM sandbox
 
 
 def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float) -> dict[str, float]:

@@ -20,7 +20,6 @@ Everything here is a pure function of values: `agent/discover/vmm.py` finds the 
 
 from __future__ import annotations
 
-import posixpath
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,11 +65,6 @@ def sandbox_vcpus(containers: Iterable[Container], *, overhead_mcpu: int) -> int
 
 # -- the planner's view of a sandbox ---------------------------------------------------------------
 
-def pod_key(c: Container) -> str:
-    """Containers of one pod share a sandbox: the pod UID, else the parent cgroup."""
-    return c.pod_uid or posixpath.dirname(c.cgroup.strip("/"))
-
-
 @dataclass(frozen=True, kw_only=True)
 class Sandbox:
     """A VM-sandboxed pod as the planner sees it: one unit of CPU demand and of movement.
@@ -92,11 +86,11 @@ class Sandbox:
 
 
 def sandboxes(containers: Iterable[Container], *, overhead_mcpu: int) -> tuple[Sandbox, ...]:
-    """The VM sandboxes among `containers`: pods (by `pod_key`) with a container whose `sandbox`
+    """The VM sandboxes among `containers`: pods (by `Container.pod_key`) with a container whose `sandbox`
     is set. A negative limit (never valid) counts as no limit rather than stopping the planner."""
     pods: dict[str, list[Container]] = {}
     for c in containers:
-        pods.setdefault(pod_key(c), []).append(c)
+        pods.setdefault(c.pod_key, []).append(c)
     out = []
     for key, cs in sorted(pods.items()):
         kinds = sorted({c.sandbox for c in cs if c.sandbox})
@@ -428,7 +422,7 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
                        reserved=snapshot.reserved, containers=containers)
     pods: dict[str, list[Container]] = {}
     for c in containers:
-        pods.setdefault(pod_key(c), []).append(c)
+        pods.setdefault(c.pod_key, []).append(c)
     before = {p.pod: p.mapping for p in previous}
     out = []
     for vmm in sorted(snapshot.vmms, key=lambda v: v.pod):

@@ -91,11 +91,6 @@ def is_vmm(comm: str, exe: str, patterns: Sequence[re.Pattern[str]]) -> bool:
     return any(p.search(n) for p in patterns for n in names if n)
 
 
-def pod_key(c: Container) -> str:
-    """Containers of one pod share a sandbox: pod UID, else the parent cgroup."""
-    return c.pod_uid or os.path.dirname(c.cgroup.strip("/"))
-
-
 def pod_cgroup(containers: Sequence[Container]) -> str:
     """The cgroup holding all of a pod's containers (their common parent)."""
     parents = [os.path.dirname(c.cgroup.strip("/")) for c in containers]
@@ -199,7 +194,7 @@ class VmmDiscovery:
     def _pods(self, containers: Sequence[Container]) -> dict[str, list[Container]]:
         pods: dict[str, list[Container]] = {}
         for c in containers:
-            pods.setdefault(pod_key(c), []).append(c)
+            pods.setdefault(c.pod_key, []).append(c)
         if self.config.detect_unlabelled:
             return pods
         return {k: v for k, v in pods.items() if any(c.sandbox for c in v)}
