@@ -311,19 +311,26 @@ def read_bounded(fd: int, limit: int, what: str = "") -> bytes:
     return b"".join(chunks)
 
 
+def read_file(path: str, limit: int) -> bytes:
+    """A whole file of at most `limit` bytes: OverflowError beyond it (a corrupt or hostile file
+    is an error, not a memory spike), OSError (absent, refused) unchanged. Callers turn both into
+    their own error naming the file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_bounded(fd, limit, path)
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str, limit: int, what: str) -> str:
     """A whole host file of at most `limit` bytes as text (undecodable bytes replaced).
 
-    Beyond the limit: ParseError naming `what` and the path (a corrupt or hostile file is an
-    error, not a memory spike). OSError (absent, refused) is raised unchanged.
+    Beyond the limit: ParseError naming `what` and the path. OSError is raised unchanged.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        raw = read_bounded(fd, limit, path)
+        raw = read_file(path, limit)
     except OverflowError:
         raise ParseError(what, path, f"larger than {limit} bytes") from None
-    finally:
-        os.close(fd)
     return raw.decode("utf-8", errors="replace")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from perfbalance import jsonfields as jf
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.model import Plan, Snapshot
+from perfbalance.safefs import read_file
 
 MAX_SNAPSHOT_BYTES = 64 << 20
 MAX_SKIPPED_SHOWN = 20  # text output; --json lists every container
@@ -33,12 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_snapshot(path: str) -> Snapshot:
     """Read `path` and parse its (last non-empty) line or whole text as a Snapshot."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SNAPSHOT_BYTES + 1)
+        raw = read_file(path, MAX_SNAPSHOT_BYTES)
+    except OverflowError:
+        raise ParseError("snapshot file", path, f"larger than {MAX_SNAPSHOT_BYTES} bytes") from None
     except OSError as e:
         raise ParseError("snapshot file", path, f"cannot read ({e.strerror})") from None
-    if len(raw) > MAX_SNAPSHOT_BYTES:
-        raise ParseError("snapshot file", path, f"larger than {MAX_SNAPSHOT_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -23,6 +23,7 @@ from perfbalance.cgroupfs import check_glob
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.settings import build, setting
+from perfbalance.safefs import read_file
 from rebalancer.config import RebalancerConfig
 from resctrl.config import ResctrlConfig
 
@@ -268,12 +269,11 @@ def load_config(path: str | None, *, node: str | None = None) -> Config:
     if path is None:
         return Config()
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_file(path, MAX_CONFIG_BYTES)
+    except OverflowError:
+        raise ConfigError(path, "", f"{MAX_CONFIG_BYTES + 1}+ bytes", f"larger than {MAX_CONFIG_BYTES} bytes") from None
     except OSError as e:
         raise ConfigError(path, "", path, f"cannot read ({e.strerror})") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(path, "", f"{len(raw)}+ bytes", f"larger than {MAX_CONFIG_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -29,6 +29,7 @@ from typing import Any
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ParseError
 from perfbalance.model import KubeletState
+from perfbalance.safefs import read_file
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +153,13 @@ def read_cpu_manager_state(kubelet_root: str) -> KubeletState:
     """Read `<kubelet_root>/cpu_manager_state`; missing file -> policy none."""
     path = state_path(kubelet_root)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATE_BYTES + 1)
+        raw = read_file(path, MAX_STATE_BYTES)
     except FileNotFoundError:
         return KubeletState()
+    except OverflowError:
+        raise KubeletStateError(path, f"larger than {MAX_STATE_BYTES} bytes") from None
     except OSError as e:
         raise KubeletStateError(path, f"cannot read ({e.strerror})") from None
-    if len(raw) > MAX_STATE_BYTES:
-        raise KubeletStateError(path, f"larger than {MAX_STATE_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

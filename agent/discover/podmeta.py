@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from perfbalance.errors import FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import QOS_CLASSES, CollectorStatus, Container
+from perfbalance.safefs import read_file
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -289,14 +290,13 @@ class _WatchedFile:
         try:
             stamp = self._stat()
             if force or stamp != self._stamp:
-                with open(self.path, "rb") as f:
-                    data = f.read(self.max_bytes + 1)
+                data = read_file(self.path, self.max_bytes)
                 self.reads += 1
-                if len(data) > self.max_bytes:
-                    raise KubeApiError(self.path, f"{self.what} larger than {self.max_bytes} bytes")
                 if not data.strip():
                     raise KubeApiError(self.path, f"{self.what} is empty")
                 self._stamp, self._data = stamp, data
+        except OverflowError:
+            raise KubeApiError(self.path, f"{self.what} larger than {self.max_bytes} bytes") from None
         except OSError as e:
             raise KubeApiError(self.path, f"cannot read {self.what} ({e.strerror or e})") from None
         return self._data

@@ -35,6 +35,7 @@ from agent.export.prometheus import display_name, json_safe
 from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from perfbalance import __version__
 from perfbalance.errors import ConfigError
+from perfbalance.safefs import read_file
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,11 @@ def container_of(report: CycleReport, cid: str) -> dict[str, str]:
 def read_secret(path: str, what: str) -> str:
     """A credential from a mounted Secret file (trailing newline stripped)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SECRET_BYTES + 1)
+        raw = read_file(path, MAX_SECRET_BYTES)
+    except OverflowError:
+        raise ConfigError(f"mqtt.{what}", "", path, f"larger than {MAX_SECRET_BYTES} bytes") from None
     except OSError as e:
         raise ConfigError(f"mqtt.{what}", "", path, f"cannot read ({e.strerror})") from None
-    if len(raw) > MAX_SECRET_BYTES:
-        raise ConfigError(f"mqtt.{what}", "", path, f"larger than {MAX_SECRET_BYTES} bytes")
     return raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
