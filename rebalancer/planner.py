@@ -178,11 +178,12 @@ def _guest_layout_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     """A VM pod with pinned vCPUs keeps its guest NUMA layout: each vCPU on its host node, each
     guest node where the pod holds its hugepages (rebalancer.vm.layout_move_problem)."""
     vmms = {v.pod: v for v in ctx.snapshot.vmms}
+    pods = sorted({ctx.sandbox_of[cid].pod for cid in d.cpus if cid in ctx.sandbox_of} & vmms.keys())
+    if not pods:  # the common case, on every candidate: no VM pod with a found VMM moves
+        return ""
     by_id = ctx.snapshot.by_id()
-    for pod in sorted({ctx.sandbox_of[cid].pod for cid in d.cpus if cid in ctx.sandbox_of}):
-        sb, vmm = next(s for s in ctx.sandboxes if s.pod == pod), vmms.get(pod)
-        if vmm is None:
-            continue
+    for pod in pods:
+        sb, vmm = next(s for s in ctx.sandboxes if s.pod == pod), vmms[pod]
         before = [replace(by_id[m].container, cpuset=CpuSet(layout.placement[m])) for m in sb.members]
         after = [replace(c, cpuset=CpuSet(d.cpus[c.id])) if c.id in d.cpus else c for c in before]
         why = layout_move_problem(topology=ctx.snapshot.topology, vmm=vmm, before=before, after=after)
