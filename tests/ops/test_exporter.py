@@ -285,3 +285,37 @@ def test_every_exported_metric_is_documented() -> None:
 def test_every_documented_metric_is_exported() -> None:
     exposed = set(re.findall(r"^(perfbalance_[a-z0-9_]+)", full_exposition(), re.M))
     assert documented() - exposed == set()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_contamination_is_the_share_of_a_containers_cpus_on_cores_of_heavy_others(seed: int) -> None:
+    """Against the definition, container by container: its CPUs that share a physical core
+    (SMT siblings included) with any CPU another AVX-512-heavy container may run on."""
+    import random
+
+    from agent.export.report import avx512_contamination, effective_cpus, is_heavy
+    from perfbalance.cpuset import CpuSet, union
+    from perfbalance.model import Container, Snapshot
+    from perfbalance.topology import synthetic
+
+    topo = synthetic(packages=1, nodes_per_package=2, cores_per_node=8, threads_per_core=2)
+    cpus, rng = sorted(topo.online), random.Random(seed)
+
+    def sample(i: int) -> ContainerSample:
+        heavy = i < 3 or rng.random() < 0.1  # heavy ones always pinned: one on every CPU would taint all
+        pinned = heavy or rng.random() < 0.9
+        cpuset = CpuSet(rng.sample(cpus, rng.randint(1, 4))) if pinned else CpuSet()
+        return ContainerSample(container=Container(id=f"c{i}", cgroup=f"k/p{i}/c{i}", cpuset=cpuset),
+                               metrics={"avx512_heavy": 1.0 if heavy else 0.0})
+
+    samples = tuple(sample(i) for i in range(30))
+    snap = Snapshot(time=0.0, window=1.0, node="n", topology=topo, containers=samples)
+
+    def by_definition(s: ContainerSample) -> float:
+        others = union(effective_cpus(o, snap) for o in samples if o.id != s.id and is_heavy(o))
+        mine = effective_cpus(s, snap)
+        return len(mine & topo.whole_cores(others)) / len(mine)
+
+    got = avx512_contamination(snap)
+    assert {v for v in got.values()} - {0.0, 1.0}  # some containers only partly contaminated
+    assert got == {s.id: by_definition(s) for s in samples}
