@@ -417,6 +417,8 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
     the pod's containers (cpusets after the actions) and the node's shared pool, starting from
     the host CPU <-> vCPU mapping of `previous` (the last cycle's pinnings: that is what keeps
     it stable across moves), with the guest NUMA layout of the pinned vCPUs."""
+    if not snapshot.vmms:  # most nodes, every cycle
+        return ()
     containers = placed(snapshot, actions)
     pool = shared_pool(online=snapshot.topology.online, kubelet=snapshot.kubelet,
                        reserved=snapshot.reserved, containers=containers)
