@@ -125,6 +125,7 @@ class Agent:
                                  errors=(f"cycle failed: {type(e).__name__}: {e}",))
             self.state.publish(report)
             services.publish(report)
+            await asyncio.to_thread(services.prerender)
             if self.json_out is not None:
                 self.json_out.write(json.dumps(report.to_json(), sort_keys=False) + "\n")
                 self.json_out.flush()

@@ -7,7 +7,10 @@ scrape at 60 containers). This measures, with the real collectors:
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
   collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
 - perf_fds: perf event fds opened by the PMU collector, at each container count,
-- rss_bytes: resident memory of this process after the run.
+- rss_bytes: resident memory of this process after the run; memory: its RSS, PSS and anonymous
+  bytes (smaps_rollup),
+- scrape: one /metrics scrape at 1000 synthetic containers, rendered (once per cycle) and served
+  from memory (agent/bench/scrape.py).
 Results go to docs/benchmarks.md. Needs root (cgroups, BPF).
 """
 
@@ -26,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import bpf
+from agent.bench.scrape import measure_scrape, memory
 from collectors import perf
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
@@ -56,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: float = 1.0) -> dict[str, Any]:
+def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: float = 1.0,
+            scrape_containers: int = 1000) -> dict[str, Any]:
     fs = Cgroupfs(root=host.cgroup)
     collectors = start_collectors(host, fs)
     out: dict[str, Any] = {"collectors": {c.name: {"up": c.status().up, "reason": c.status().reason}
@@ -74,6 +79,8 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
         out["perf_fds"] = perf_fds(collectors)
         out["pmu_events"] = _events_note(collectors)
         out["rss_bytes"] = rss_bytes(host.procfs)
+        out["memory"] = memory(host.procfs)  # after the collectors compiled and ran: RSS, PSS, anonymous
+        out["scrape"] = measure_scrape(scrape_containers)
     finally:
         for c in collectors:
             c.close()

@@ -3,7 +3,8 @@
 Why the standard library: the agent is a node daemon that should not pull in a web framework for
 five read-only routes. A ThreadingHTTPServer runs in one daemon thread beside the asyncio loop;
 every request reads `AgentState.view()` (a consistent copy under its lock) and nothing else, so
-a slow scraper can never stall a cycle, and a scrape does no host I/O. The node view's files are
+a slow scraper can never stall a cycle, and a scrape does no host I/O. `/metrics` serves the
+report's series rendered once per cycle (agent/export/exposition.py), gzipped when asked. The node view's files are
 read once at start and served from memory; it uses no CDN, so it works on an air-gapped node.
 
 Wiring (agent/loop.py):  server = serve_http(state, config.metrics.listen, ...); ...; server.stop()
@@ -23,11 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
-
 from agent.config import Config
-from agent.export.prometheus import make_registry, state_json
+from agent.export.exposition import Exposition
+from agent.export.prometheus import state_json
 from agent.export.report import AgentState
 from perfbalance.errors import ConfigError
 
@@ -65,12 +64,12 @@ class NodeServer:
     """The HTTP server of one agent. `start()` binds (port 0: any free port) and serves in a thread."""
 
     def __init__(self, state: AgentState, *, listen: str = "127.0.0.1:9847",
-                 registry: CollectorRegistry | None = None, stale_after: float = 30.0,
+                 stale_after: float = 30.0,
                  node_view: bool = True, bandwidth_peak: float = 0.0,
                  clock: Callable[[], float] = time.time, static_dir: Path = STATIC_DIR) -> None:
         self.state = state
         self.host, self.port = parse_listen(listen)
-        self.registry = registry or make_registry(state, bandwidth_peak=bandwidth_peak)
+        self.exposition = Exposition(state, bandwidth_peak=bandwidth_peak)
         self.stale_after, self.bandwidth_peak, self.clock = stale_after, bandwidth_peak, clock
         self.static = _load_static(static_dir) if node_view else {}
         self.started = clock()
@@ -179,8 +178,9 @@ def _handler(node: NodeServer) -> type[BaseHTTPRequestHandler]:
 
         def _route(self, path: str) -> None:
             if path == "/metrics":
-                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(node.registry), ctype)
+                body, ctype, gz = node.exposition.render(self.headers.get("Accept", ""),
+                                                         self.headers.get("Accept-Encoding", ""))
+                self._send(200, body, ctype, gzipped=gz)
             elif path == "/healthz":
                 self._text(*node.health())
             elif path == "/readyz":
@@ -196,9 +196,12 @@ def _handler(node: NodeServer) -> type[BaseHTTPRequestHandler]:
         def _text(self, code: int, text: str) -> None:
             self._send(code, text.encode(), "text/plain; charset=utf-8")
 
-        def _send(self, code: int, body: bytes, ctype: str, *, csp: bool = False) -> None:
+        def _send(self, code: int, body: bytes, ctype: str, *, csp: bool = False, gzipped: bool = False) -> None:
             self.send_response(code, HTTPStatus(code).phrase)
             self.send_header("Content-Type", ctype)
+            if gzipped:
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Vary", "Accept-Encoding")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")

@@ -194,18 +194,29 @@ class Exporter(Collector):
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
-        yield from _agent_families(view)
+        yield from live_families(view)
         report: CycleReport | None = view["latest"]
-        if report is None:
-            return
-        yield from _cycle_families(report, view["extra"])
-        yield from _container_families(report, view)
-        yield _vcpu_pins(report)
-        yield from _guest_numa(report)
-        yield from _node_families(report.snapshot, self.bandwidth_peak)
+        if report is not None:
+            yield from report_families(report, view, bandwidth_peak=self.bandwidth_peak)
 
     def describe(self) -> Iterable[Metric]:
         return ()  # families vary with the report; describing none keeps registration I/O-free
+
+
+def live_families(view: Mapping[str, Any]) -> Iterator[Metric]:
+    """The agent's own totals (a few dozen series), which change between cycles: MQTT counters,
+    reloads, readiness. Rendered at every scrape."""
+    yield from _agent_families(view)
+
+
+def report_families(report: CycleReport, view: Mapping[str, Any], *, bandwidth_peak: float = 0.0) -> Iterator[Metric]:
+    """Everything a cycle's report determines (containers, CPUs, decisions): it changes once per
+    cycle, so agent/export/exposition.py renders it once per report and serves the bytes."""
+    yield from _cycle_families(report, view["extra"])
+    yield from _container_families(report, view)
+    yield _vcpu_pins(report)
+    yield from _guest_numa(report)
+    yield from _node_families(report.snapshot, bandwidth_peak)
 
 
 def make_registry(state: AgentState, *, bandwidth_peak: float = 0.0) -> CollectorRegistry:

@@ -31,6 +31,11 @@ class Services:
         if self.publisher is not None:
             self.publisher.publish(report)
 
+    def prerender(self) -> None:
+        """Render the new report's /metrics body once, off the event loop (worker thread)."""
+        if self.server is not None:
+            self.server.exposition.prerender()
+
     async def stop(self) -> None:
         if self.publisher is not None and self.task is not None:
             await self.publisher.stop()

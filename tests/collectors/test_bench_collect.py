@@ -13,10 +13,12 @@ from perfbalance.host import HostPaths
 @pytest.mark.root
 @pytest.mark.bpf
 def test_bench_reports_bpf_cost_cycle_cpu_fds_and_rss(host: HostPaths) -> None:
-    out = bench_collect.measure(host, (2, 8), rounds=1, seconds=0.3)
+    out = bench_collect.measure(host, (2, 8), rounds=1, seconds=0.3, scrape_containers=30)
     assert set(out["bpf_ns_per_event"]) == {"avx512", "pmu"}
     assert all(ns > 0 for ns in out["bpf_ns_per_event"].values())
     assert set(out["cycle_cpu_seconds"]) == {"2", "8"} and out["cycle_cpu_seconds"]["8"] > 0
     assert out["perf_fds_by_containers"]["2"] == out["perf_fds_by_containers"]["8"] == out["perf_fds"] > 0
     assert out["rss_bytes"] > 0
+    assert out["memory"]["pss_bytes"] > 0 and 0 < out["memory"]["anonymous_bytes"] <= out["memory"]["rss_bytes"]
+    assert out["scrape"]["containers"] == 30 and out["scrape"]["series"] > 30 * 20
     assert not [d for d in os.listdir("/sys/fs/cgroup/unified") if d.startswith(f"{bench_collect.PREFIX}-{os.getpid()}-")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import urllib.error
 import urllib.request
@@ -53,6 +54,15 @@ def test_metrics_are_served_as_openmetrics_when_asked(server: NodeServer) -> Non
     code, headers, body = get(server, "/metrics", Accept="application/openmetrics-text; version=1.0.0")
     assert headers["Content-Type"].startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")
+
+
+def test_metrics_are_gzipped_when_the_scraper_accepts_it(server: NodeServer) -> None:
+    _, _, plain = get(server, "/metrics")
+    code, headers, packed = get(server, "/metrics", **{"Accept-Encoding": "gzip"})
+    assert code == 200 and headers["Content-Encoding"] == "gzip" and headers["Vary"] == "Accept-Encoding"
+    assert gzip.decompress(packed) == plain
+    _, headers, _ = get(server, "/metrics", **{"Accept-Encoding": "identity"})  # control
+    assert "Content-Encoding" not in headers
 
 
 def test_healthz_is_ok_while_the_loop_ticks(server: NodeServer) -> None:
