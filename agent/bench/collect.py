@@ -10,7 +10,8 @@ scrape at 60 containers). This measures, with the real collectors:
 - rss_bytes: resident memory of this process after the run; memory: its RSS, PSS and anonymous
   bytes (smaps_rollup),
 - scrape: one /metrics scrape at 1000 synthetic containers, rendered (once per cycle) and served
-  from memory (agent/bench/scrape.py).
+  from memory (agent/bench/scrape.py),
+- start: seconds from exec to /readyz of a real (dry-run) agent, first and warm (agent/bench/start.py).
 Results go to docs/benchmarks.md. Needs root (cgroups, BPF).
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import bpf
 from agent.bench.scrape import measure_scrape, memory
+from agent.bench.start import measure_start
 from collectors import perf
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: float = 1.0,
-            scrape_containers: int = 1000) -> dict[str, Any]:
+            scrape_containers: int = 1000, start_runs: int = 3) -> dict[str, Any]:
     fs = Cgroupfs(root=host.cgroup)
     collectors = start_collectors(host, fs)
     out: dict[str, Any] = {"collectors": {c.name: {"up": c.status().up, "reason": c.status().reason}
@@ -84,6 +86,8 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
     finally:
         for c in collectors:
             c.close()
+    if start_runs:  # with this run's programs detached: the agent's own start, exec to /readyz
+        out["start"] = measure_start(start_runs)
     return out
 
 
