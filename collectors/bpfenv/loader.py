@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.bpfenv.headers import Headers, find_headers
+from collectors.bpfenv.memory import release_compiler_pages, release_freed_heap
 from collectors.bpfenv.kernel import KernelVersion, kernel_ok, parse_release, running_release
 from collectors.bpfenv.tracefs import ensure_tracefs, missing_tracepoint
 from perfbalance.errors import FeatureUnavailable
@@ -32,6 +33,7 @@ class BpfEnv:
     bcc_version: str
     cgroup_keys: bool  # bpf_get_current_cgroup_id usable (and a v2 hierarchy exists)
     batch_reads: bool
+    procfs: str = "/proc"  # the agent's own /proc/self (its memory after a compile)
 
     def load(self, text: str, cflags: Sequence[str] = ()) -> Any:
         """Compile and load BPF C with bcc; FeatureUnavailable quoting why it failed.
@@ -49,6 +51,8 @@ class BpfEnv:
                 prog = bcc.BPF(text=text.encode(), cflags=list(cflags))
             except Exception as e:  # bcc raises bare Exception for compile/load/attach failures
                 error = e
+        release_freed_heap()  # what the compile freed, and the compiler's pages (bpfenv/memory.py)
+        release_compiler_pages(self.procfs)
         if error is None:
             return prog
         why = load_error_line(log.text)
@@ -136,7 +140,7 @@ def prepare(host: HostPaths, *, mount_tracefs: bool = True, need: Sequence[str] 
     headers = find_headers(host, release)
     return BpfEnv(release=release, version=version, headers=headers, bcc_version=bcc_version(),
                   cgroup_keys=cgroup_keys_usable(host, version),
-                  batch_reads=kernel_ok(version, "BPF_MAP_LOOKUP_BATCH"))
+                  batch_reads=kernel_ok(version, "BPF_MAP_LOOKUP_BATCH"), procfs=host.procfs)
 
 
 def cgroup_keys_usable(host: HostPaths, version: KernelVersion) -> bool:
