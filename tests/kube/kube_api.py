@@ -10,7 +10,9 @@ What it does like the real API server (and so what the tests prove):
   series count >= 2 with lastObservedTime): 422 with a Status body naming the field; a name
   taken is 409 AlreadyExists;
 - faults queued per request (429 with Retry-After, 500, a dropped connection) and a hook that
-  runs between a client's GET and its PATCH (the kubelet writing its own conditions).
+  runs between a client's GET and its PATCH (the kubelet writing its own conditions);
+- a list of this node's pods (`GET /api/v1/pods`), so the whole agent can run against it: its
+  pod metadata names the containers whose moves become Events.
 
 What it does not prove: authentication and RBAC (every token is accepted; the RBAC files are
 checked against the writer's requests by a separate test), strategic merge patch, field
@@ -87,6 +89,7 @@ class Fault:
 class KubeStore:
     nodes: dict[str, dict[str, Any]] = field(default_factory=lambda: {NODE: kubelet_node()})
     events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
     after_node_get: Callable[[KubeStore], None] | None = None
@@ -120,6 +123,9 @@ class KubeStore:
                 if f.method == method and f.path_contains in path:
                     self.faults.remove(f)
                     return f.status, status(f.status, "Injected", f.message), f.headers
+            if method == "GET" and path == "/api/v1/pods":
+                return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                             "items": copy.deepcopy(self.pods)}, {}
             m = re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path)
             if m:
                 return self._node(method, m.group(1), bool(m.group(2)), content_type, body)
