@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from kube_api import NODE, Fault, KubeServer
+from test_status_rbac import COMPONENT, granted
 
 from agent.config import Config, load_config
 from agent.export.kubestatus import CONFIG_VALID, READY
@@ -167,6 +168,28 @@ async def test_an_applied_move_is_an_event_on_its_pod_and_the_node_shows_the_age
     assert node["metadata"]["labels"]["perfbalance.io/mode"] == "cgroupfs"
     assert "perfbalance.io/avx512-island-cpus" in node["status"]["capacity"]
     assert cluster.store.events_for("ConfigMap", "perfbalance-config") == []  # the config was good
+    assert used_grants(cluster) <= granted_by_all_components()  # the running agent needs no more RBAC
+
+
+def used_grants(kube: KubeServer) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every request the agent sent, pod metadata included."""
+    out = set()
+    for r in kube.store.seen:
+        verb = {"GET": "get", "POST": "create", "PATCH": "patch", "DELETE": "delete"}[r.method]
+        if r.path in ("/api/v1/pods", "/api/v1/nodes"):
+            out.add(("", r.path.rsplit("/", 1)[-1], "list" if r.path.endswith("pods") else "watch"))
+        elif r.path.startswith("/apis/events.k8s.io/"):
+            out.add(("events.k8s.io", "events", verb))
+        else:
+            out.add(("", "nodes/status" if r.path.endswith("/status") else "nodes", verb))
+    return out
+
+
+def granted_by_all_components() -> set[tuple[str, str, str]]:
+    out = {("", "pods", v) for v in ("get", "list", "watch")}  # the base role
+    for component in set(COMPONENT.values()):
+        out |= granted(component)[0]
+    return out
 
 
 async def test_with_status_off_the_same_move_sends_nothing(cluster: KubeServer, tmp_path: Path, moves: set[int]) -> None:
