@@ -28,6 +28,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class KubeStore:
     nodes: dict[str, dict[str, Any]] = field(default_factory=lambda: {NODE: kubelet_node()})
     events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # set: every request but the pod list waits (up to 30 s) until `stalled` is cleared, as an
+    # API server that accepts connections and does not answer
+    stalled: threading.Event = field(default_factory=threading.Event)
+    arrived: int = 0  # requests received other than the pod list, answered or not yet
     faults: list[Fault] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
     after_node_get: Callable[[KubeStore], None] | None = None
@@ -264,6 +269,12 @@ def _handler(store: KubeStore) -> type[BaseHTTPRequestHandler]:
                 store.seen.append(Request(method="GET", path=path, content_type="", body=None))
                 self._watch()
                 return
+            if path != "/api/v1/pods":
+                store.arrived += 1
+            waited = 0.0
+            while store.stalled.is_set() and path != "/api/v1/pods" and waited < 30:
+                time.sleep(0.05)
+                waited += 0.05
             code, doc, headers = store.handle(self.command, path, self.headers.get("Content-Type", ""), body)
             if code == 0:  # a connection that breaks mid-request
                 self.close_connection = True

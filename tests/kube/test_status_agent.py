@@ -272,3 +272,26 @@ async def test_api_conflicts_rejections_throttling_and_a_broken_watch_neither_st
     assert len(posts) >= 2  # the throttled create was sent again
     status_patches = [r for r in cluster.store.seen if r.method == "PATCH" and r.path.endswith("/status")]
     assert len(status_patches) >= 3  # the rejected one, the conflicting one, then written
+
+
+async def test_an_api_server_that_does_not_answer_never_holds_up_a_cycle(
+        cluster: KubeServer, tmp_path: Path, moves: set[int]) -> None:
+    cluster.store.stalled.set()  # node and event requests hang (the client gives up after 2 s)
+    cfg = write(tmp_path / "c.yaml", tmp_path, cluster, ALL_ON, kubernetes={"timeout_seconds": 2})
+    agent = agent_for(cfg)
+
+    async def check() -> None:
+        await until(lambda: agent._inputs.cycle >= 1, agent)
+        start, asked = agent._inputs.cycle, cluster.store.arrived
+        await until(lambda: agent._inputs.cycle >= start + 10, agent)
+        # Ten cycles, each handing its report over, while the status threads sent a few requests
+        # and got no answer: a cycle that waited for the writer would be one request each.
+        assert cluster.store.arrived - asked < 10
+        assert READY not in conds(cluster) and cluster.store.events == {}
+        cluster.store.stalled.clear()  # control: once it answers, the status arrives
+        await until(lambda: conds(cluster).get(READY, {}).get("status") == "True", agent)
+        agent.request_stop()
+
+    driver = asyncio.create_task(check())
+    assert await asyncio.wait_for(agent.run(), 90) == 0
+    await driver
