@@ -124,7 +124,7 @@ class Agent:
                 report = replace(self.state.latest, applied=(), realized=(),
                                  errors=(f"cycle failed: {type(e).__name__}: {e}",))
             self.state.publish(report)
-            services.publish(report)
+            services.publish(report, self.config)
             await asyncio.to_thread(services.prerender)
             if self.json_out is not None:
                 self.json_out.write(json.dumps(report.to_json(), sort_keys=False) + "\n")

@@ -53,6 +53,8 @@ fi
 echo "release: checksums in $OUT/SHA256SUMS"
 
 # The wheel on its own: a fresh venv with nothing but the wheel and its declared dependencies.
+# A PYTHONPATH from the caller (a work tree) would put the sources ahead of the installed wheel.
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE
 check=$(mktemp -d /tmp/perfbalance-release-check.XXXXXX)
 trap 'rm -rf "$check"' EXIT
 /usr/bin/python3 -m venv "$check/venv"

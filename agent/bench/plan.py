@@ -19,11 +19,12 @@ from typing import Any
 
 from rebalancer import RebalancerConfig, plan
 from agent.bench import scenarios as sc
+from agent.bench.scenarios import Planner
 
 AVX_SCENARIOS = ("avx512_vs_scalar_small", "avx512_vs_scalar", "kubelet_static", "churn")
 
 
-def measure_plan_seconds(runs: int) -> tuple[dict[str, float], dict[str, float]]:
+def measure_plan_seconds(runs: int, planner: Planner = plan) -> tuple[dict[str, float], dict[str, float]]:
     """(CPU seconds, wall seconds) of one plan() call per size, median of `runs`."""
     cpu, wall = {}, {}
     config = RebalancerConfig()
@@ -32,20 +33,20 @@ def measure_plan_seconds(runs: int) -> tuple[dict[str, float], dict[str, float]]
         c_runs, w_runs = [], []
         for _ in range(runs):
             t0, w0 = time.process_time(), time.perf_counter()
-            plan(snap, config, None, 0.0)
+            planner(snap, config, None, 0.0)
             c_runs.append(time.process_time() - t0)
             w_runs.append(time.perf_counter() - w0)
         cpu[name], wall[name] = statistics.median(c_runs), statistics.median(w_runs)
     return cpu, wall
 
 
-def scenario_results() -> tuple[list[dict[str, Any]], dict[str, float]]:
+def scenario_results(planner: Planner = plan) -> tuple[list[dict[str, Any]], dict[str, float]]:
     rows, ideal = [], {}
     for make in sc.SCENARIOS:
         s = make()
         opt = sc.run_optimum(s)
         results = {"none": sc.run_none(s).to_json(), "placement_tag": sc.run_placement_tag(s).to_json(),
-                   "perfbalance": sc.run_perfbalance(s).to_json(),
+                   "perfbalance": sc.run_perfbalance(s, planner=planner).to_json(),
                    "optimum": opt.to_json() if opt is not None else None}
         rows.append({"name": s.name, "results": results})
         if s.name in AVX_SCENARIOS:
@@ -79,13 +80,25 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, float], plan_cpu: dict[st
 
 def run(args: argparse.Namespace) -> int:
     quick = bool(getattr(args, "quick", False))
-    rows, ideal = scenario_results()
+    name = getattr(args, "policy", None) or "costmodel"
+    if name == "costmodel":
+        planner: Planner = plan
+    else:
+        from agent.plan.runner import planner as load_planner
+        from rebalancer.policy import PolicyError
+
+        try:
+            planner = load_planner(name)
+        except PolicyError as e:
+            print(f"perfbalance bench plan: {e}", file=sys.stderr)
+            return 2
+    rows, ideal = scenario_results(planner)
     cycles = 500 if quick else 10_000
-    early, late = sc.steady_moves(sc.avx512_large(), cycles=cycles, settle_cycles=50)
+    early, late = sc.steady_moves(sc.avx512_large(), cycles=cycles, settle_cycles=50, planner=planner)
     pingpong = {"scenario": "avx512_vs_scalar", "cycles": cycles, "noise": 0.05,
                 "moves_while_settling": early, "moves_after_settling": late}
-    cpu, wall = measure_plan_seconds(3 if quick else 7)
-    out = {"scenarios": rows, "plan_seconds": {k: round(v, 5) for k, v in cpu.items()},
+    cpu, wall = measure_plan_seconds(3 if quick else 7, planner)
+    out = {"policy": name, "scenarios": rows, "plan_seconds": {k: round(v, 5) for k, v in cpu.items()},
            "plan_wall_seconds": {k: round(v, 5) for k, v in wall.items()},
            "goals": goals(rows, ideal, cpu, pingpong)}
     if getattr(args, "json", False):
@@ -97,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(out: dict[str, Any]) -> str:
-    lines = [f"{'scenario':<24} {'strategy':<14} {'victim slowdown':>16} {'throughput':>11}"]
+    lines = [f"policy in closed loop ('perfbalance'): {out.get('policy', 'costmodel')}",
+             f"{'scenario':<24} {'strategy':<14} {'victim slowdown':>16} {'throughput':>11}"]
     for r in out["scenarios"]:
         for strat in ("none", "placement_tag", "perfbalance", "optimum"):
             res = r["results"][strat]

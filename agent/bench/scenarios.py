@@ -20,6 +20,7 @@ import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, KubeletState, Snapshot
@@ -28,8 +29,9 @@ from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import requests_fit
 from rebalancer.planner import plan
 from agent.bench.sim import GIB, MIB, Node, Workload, simulate, snapshot
-from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
+
+Planner = Callable[..., Any]  # plan(snapshot, rebalancer config, state, now) -> Plan
 
 INTERVAL = 10.0
 MAX_OPTIMUM_EVALS = 20_000
@@ -94,8 +96,9 @@ def run_placement_tag(sc: Scenario) -> Result:
     return _run(sc, place, None)
 
 
-def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None) -> Result:
-    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner)
+def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None, *, planner: Planner = plan) -> Result:
+    """The closed loop with the cost model, or with `planner` (a policy: agent.plan.runner.planner)."""
+    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner, planner)
 
 
 def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
@@ -118,14 +121,14 @@ def _all_workloads(sc: Scenario) -> list[Workload]:
 
 
 def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, frozenset[int]]], frozenset[int]],
-         config: RebalancerConfig | None) -> Result:
+         config: RebalancerConfig | None, planner: Planner = plan) -> Result:
     live: dict[str, Workload] = {}
     cpus: dict[str, frozenset[int]] = {}
     classes: dict[str, str] = {}
     for w in sc.workloads:
         live[w.id] = w
         cpus[w.id] = place(w, sc.initial[w.id], cpus)
-    state: PlannerState | None = None
+    state: Any = None  # the policy's own state type (PlannerState for the cost model)
     rng = random.Random(sc.name)
     moves, slow_sum, thr_sum, samples = 0, 0.0, 0.0, 0
     for cycle in range(sc.cycles):
@@ -135,7 +138,7 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
         if config is not None:
             snap = snapshot(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
                             pmu=sc.pmu, noise=sc.noise, rng=rng)
-            p = plan(snap, config, state, cycle * INTERVAL)
+            p = planner(snap, config, state, cycle * INTERVAL)
             state = p.state
             moves += apply(p.actions, cpus, classes)
         if sc.events and cycle >= sc.cycles // 4:
@@ -348,18 +351,18 @@ def timing_sizes() -> tuple[tuple[str, int, int], ...]:
 
 
 def steady_moves(sc: Scenario, *, cycles: int, settle_cycles: int, noise: float = 0.05,
-                 config: RebalancerConfig | None = None) -> tuple[int, int]:
+                 config: RebalancerConfig | None = None, planner: Planner = plan) -> tuple[int, int]:
     """(actions in the first `settle_cycles`, actions after) of a noisy closed loop: ping-pong check."""
     config = config or RebalancerConfig()
     cpus = dict(sc.initial)
     classes: dict[str, str] = {}
-    state: PlannerState | None = None
+    state: Any = None
     rng = random.Random(f"steady-{sc.name}")
     early = late = 0
     for cycle in range(cycles):
         snap = snapshot(sc.node, sc.workloads, cpus, classes, time=cycle * INTERVAL, pmu=sc.pmu,
                         noise=noise, rng=rng)
-        p = plan(snap, config, state, cycle * INTERVAL)
+        p = planner(snap, config, state, cycle * INTERVAL)
         state = p.state
         n = apply(p.actions, cpus, classes)
         if cycle < settle_cycles:

@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--config", metavar="FILE", help="YAML config whose `rebalancer:` section is used (default: built-in)")
     p.add_argument("--now", type=float, metavar="SECONDS", help="planning time (default: the snapshot's time)")
+    p.add_argument("--policy", metavar="NAME", help="the policy to plan with (default: rebalancer.policy of --config, "
+                                                    "else costmodel); any installed in the perfbalance.policies entry points")
 
 
 def load_snapshot(path: str) -> Snapshot:
@@ -62,26 +64,30 @@ def parse_snapshot_text(text: str, *, source: str) -> Snapshot:
 
 def main(args: argparse.Namespace) -> int:
     from agent.config import load_config
+    from agent.plan.runner import planner
     from agent.snapshot.derive import with_derived
-    from rebalancer import plan
+    from rebalancer import RebalancerConfig
+    from rebalancer.policy import PolicyError
 
     try:
         if args.now is not None and not math.isfinite(args.now):
             raise ParseError("--now", args.now, "must be finite")
         snapshot = with_derived(load_snapshot(args.snapshot))  # the values the agent derives, as it would
-        config = load_config(args.config).rebalancer if args.config else None
-    except (ParseError, ConfigError) as e:
+        config = load_config(args.config).rebalancer if args.config else RebalancerConfig()
+        name = getattr(args, "policy", None) or config.policy
+        plan = planner(name)
+        now = args.now if args.now is not None else snapshot.time
+        t0 = time.perf_counter()
+        result = plan(snapshot, config, None, now)
+        seconds = time.perf_counter() - t0
+    except (ParseError, ConfigError, PolicyError) as e:
         print(f"perfbalance plan: {e}", file=sys.stderr)
         return 2
-    from rebalancer import RebalancerConfig
     from rebalancer.explain import explain
 
-    now = args.now if args.now is not None else snapshot.time
-    config = config or RebalancerConfig()
-    t0 = time.perf_counter()
-    result = plan(snapshot, config, None, now)
-    seconds = time.perf_counter() - t0
-    why, skipped = explain(snapshot, config, None, now, result)
+    # The explanation of what was not done reads the cost model's reasoning: for it only.
+    why, skipped = (explain(snapshot, config, None, now, result) if name == "costmodel"
+                    else ("" if result.actions else f"policy {name!r} planned none", ()))
     if args.json:
         try:  # JSON has no Infinity or NaN: refuse to print invalid JSON
             text = json.dumps(plan_json(result, seconds, why, skipped), allow_nan=False)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from agent.config.status import StatusSection
 from collectors.config import CollectorsConfig
 from perfbalance.cgroupfs import check_glob
 from perfbalance.cpuset import CpuSet
@@ -92,6 +93,7 @@ class KubernetesSection:
     annotation_prefixes: tuple[str, ...] = setting(factory=lambda: ("perfbalance.io/", "rdt.perfbalance.io/"), doc="Pod annotations copied onto containers: only keys starting with one of these (the resctrl.annotation key is always copied).", check=_prefixes)
     annotation_max_value_bytes: int = setting(256, "Annotation values longer than this are not copied.", min=1, max=65536)
     kata_runtime_classes: str = setting("^kata", "Regex on spec.runtimeClassName marking Kata (VM-sandboxed) pods; KubeVirt pods are recognised by the label kubevirt.io=virt-launcher.", check=lambda v: _regex(v))
+    status: StatusSection = setting(factory=StatusSection)  # node status and Events (agent/config/status.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -533,6 +533,15 @@ class _NotInCluster(PerfbalanceError):
     pass
 
 
+def client_from_config(config: Config, env: Mapping[str, str]) -> KubeClient:
+    """A client with the pod's credentials (`kubernetes:` token, CA, timeout; the endpoint from
+    `env`), checked: for writers beside the pod list (node status and Events). PerfbalanceError
+    (KubeApiError, ParseError, not in a cluster) says why it cannot be used."""
+    client = _client(config, env)
+    client.check()
+    return client
+
+
 def _client(config: Config, env: Mapping[str, str]) -> KubeClient:
     k = config.kubernetes
     endpoint = endpoint_from_env(env)

@@ -25,6 +25,7 @@ import http.client
 import json
 import logging
 import math
+import socket
 import ssl
 import threading
 import time
@@ -68,6 +69,8 @@ class StatusOptions:
     configmap_name: str = "perfbalance-config"
     series_window_seconds: float = 360.0
     series_flush_seconds: float = 30.0
+    spam_burst: int = SPAM_BURST
+    spam_refill_seconds: float = SPAM_REFILL_SECONDS
     resync_seconds: float = 60.0
     backoff_max_seconds: float = 300.0
 
@@ -161,8 +164,10 @@ def status_input(report: Any, *, config: Any, config_valid: bool, config_error: 
     snap = report.snapshot
     containers = {s.id: s.container for s in snap.containers}
     nerr = len(report.errors)
-    message = (f"cycle {report.cycle}: {len(containers)} containers, policy {policy or config.rebalancer.policy}"
-               + (f", {nerr} error(s), first: {report.errors[0]}" if nerr else ""))
+    # No cycle number: the status is rewritten when it changes (and at each resync), so a
+    # message that changed every cycle would patch every Node every interval.
+    message = (f"{len(containers)} containers, policy {policy or config.rebalancer.policy}"
+               + (f", {nerr} error(s) in the last cycle, first: {report.errors[0]}" if nerr else ""))
     return StatusInput(time=report.time, cycle=report.cycle, ready=True, ready_reason="CyclesRunning",
                        ready_message=note(message), config_valid=config_valid, config_error=config_error,
                        facts=facts_of(snap, config, extra),
@@ -310,7 +315,8 @@ class StatusWriter:
     def __init__(self, *, transport: Transport, node: str, options: StatusOptions,
                  clock: Callable[[], float] = time.time) -> None:
         self.api, self.node, self.options, self.clock = transport, node, options, clock
-        self.events = EventAggregator(window=options.series_window_seconds)
+        self.events = EventAggregator(window=options.series_window_seconds, burst=options.spam_burst,
+                                      refill_seconds=options.spam_refill_seconds)
         self._pending: list[EventSpec] = []
         self._latest: StatusInput | None = None
         self._synced: tuple[Any, ...] | None = None
@@ -611,6 +617,20 @@ class ClientTransport:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self._streams: set[http.client.HTTPSConnection] = set()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """End every open watch now (its read returns) and refuse new ones: the agent is stopping."""
+        with self._lock:
+            self._closed, streams = True, list(self._streams)
+        for conn in streams:
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def request(self, method: str, path: str, *, body: Any = None,
                 content_type: str = "application/json") -> tuple[int, bytes, Mapping[str, str]]:
@@ -647,6 +667,10 @@ class ClientTransport:
         url = c.endpoint.base_url + path
         token = c._token.read().decode("utf-8", "replace").strip()
         conn = http.client.HTTPSConnection(c.endpoint.host, c.endpoint.port, timeout=c.timeout, context=c._ssl_context())
+        with self._lock:
+            if self._closed:
+                raise ApiProblem(0, f"GET {url}: not watched, the agent is stopping")
+            self._streams.add(conn)
         try:
             conn.request("GET", path, headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
                                                "User-Agent": USER_AGENT})
@@ -668,4 +692,6 @@ class ClientTransport:
         except PerfbalanceError as e:
             raise ApiProblem(0, str(e)) from None
         finally:
+            with self._lock:
+                self._streams.discard(conn)
             conn.close()

@@ -113,3 +113,17 @@ class PolicyRunner:
     def _failed(self, name: str, now: float, error: str) -> PlanOutcome:
         log.error("%s; no moves this cycle, the policy's last good state is kept", error)
         return PlanOutcome(policy=name, plan=Plan(time=now, state=self._states.get(name)), error=error)
+
+
+def planner(name: str, *, loader: Callable[[str], Policy] = registry.load) -> Callable[..., Plan]:
+    """The policy registered as `name`, called like the cost model's `plan(snapshot, rebalancer,
+    state, now)`: its settings picked from the `rebalancer:` section and its answer checked. For
+    the tools that plan outside the agent (`perfbalance plan --policy`, `bench plan --policy`),
+    which want the policy's own errors, not the agent's isolation. PolicyError when it cannot be
+    loaded, ConfigError when its section is invalid."""
+    policy = loader(name)
+
+    def run(snapshot: Snapshot, rebalancer: RebalancerConfig, state: Any, now: float) -> Plan:
+        return check_plan(policy, policy.plan(snapshot, section(policy, rebalancer), state, now))
+
+    return run

@@ -10,7 +10,9 @@ What it does like the real API server (and so what the tests prove):
   series count >= 2 with lastObservedTime): 422 with a Status body naming the field; a name
   taken is 409 AlreadyExists;
 - faults queued per request (429 with Retry-After, 500, a dropped connection) and a hook that
-  runs between a client's GET and its PATCH (the kubelet writing its own conditions).
+  runs between a client's GET and its PATCH (the kubelet writing its own conditions);
+- a list of this node's pods (`GET /api/v1/pods`), so the whole agent can run against it: its
+  pod metadata names the containers whose moves become Events.
 
 What it does not prove: authentication and RBAC (every token is accepted; the RBAC files are
 checked against the writer's requests by a separate test), strategic merge patch, field
@@ -26,6 +28,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -87,6 +90,11 @@ class Fault:
 class KubeStore:
     nodes: dict[str, dict[str, Any]] = field(default_factory=lambda: {NODE: kubelet_node()})
     events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    # set: every request but the pod list waits (up to 30 s) until `stalled` is cleared, as an
+    # API server that accepts connections and does not answer
+    stalled: threading.Event = field(default_factory=threading.Event)
+    arrived: int = 0  # requests received other than the pod list, answered or not yet
     faults: list[Fault] = field(default_factory=list)
     seen: list[Request] = field(default_factory=list)
     after_node_get: Callable[[KubeStore], None] | None = None
@@ -120,6 +128,9 @@ class KubeStore:
                 if f.method == method and f.path_contains in path:
                     self.faults.remove(f)
                     return f.status, status(f.status, "Injected", f.message), f.headers
+            if method == "GET" and path == "/api/v1/pods":
+                return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                             "items": copy.deepcopy(self.pods)}, {}
             m = re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path)
             if m:
                 return self._node(method, m.group(1), bool(m.group(2)), content_type, body)
@@ -258,6 +269,12 @@ def _handler(store: KubeStore) -> type[BaseHTTPRequestHandler]:
                 store.seen.append(Request(method="GET", path=path, content_type="", body=None))
                 self._watch()
                 return
+            if path != "/api/v1/pods":
+                store.arrived += 1
+            waited = 0.0
+            while store.stalled.is_set() and path != "/api/v1/pods" and waited < 30:
+                time.sleep(0.05)
+                waited += 0.05
             code, doc, headers = store.handle(self.command, path, self.headers.get("Content-Type", ""), body)
             if code == 0:  # a connection that breaks mid-request
                 self.close_connection = True
