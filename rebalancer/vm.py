@@ -4,8 +4,10 @@ A container in a VM sandbox runs on the VMM's vCPU threads, not on the processes
 cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone translates them:
 
 * the sandbox mask (the mandatory part of the Kata cpu-manager proposal): vCPU threads may run on
-  the OR of the sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
-  workers) go to the shared pool, never onto CPUs dedicated to containers (bergwolf's design);
+  the OR of the sandbox's workload containers' cpusets (not the pod sandbox container's, which
+  holds the VMM in Kata's per-container layout) and nowhere else; helper threads (main loop, I/O
+  threads, vhost workers) go to the shared pool, never onto CPUs dedicated to containers
+  (bergwolf's design); every thread within the VMM cgroup's cpuset, which the kernel enforces;
 * 1:1 pinning (the proposal's second part): each CPU dedicated to a container gets its own vCPU,
   the host CPU <-> vCPU mapping is kept stable across moves and translates a container's host
   cpuset into the guest vCPU ids the in-guest agent must apply (so `nproc` inside matches);
