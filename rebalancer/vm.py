@@ -458,6 +458,7 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
     for c in containers:
         pods.setdefault(c.pod_key, []).append(c)
     before = {p.pod: p.mapping for p in previous}
+    seen = {s.id: s.container.cpuset for s in snapshot.containers}
     out = []
     for vmm in sorted(snapshot.vmms, key=lambda v: v.pod):
         if vmm.pod not in pods:
@@ -465,9 +466,19 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
         plan = plan_sandbox(containers=vm_workloads(pods[vmm.pod], vmm), vcpus=vmm.vcpus, pool=pool,
                             previous=before.get(vmm.pod, {}), system_vcpus=system_vcpus,
                             pin_exclusive=pin_exclusive, topology=snapshot.topology,
-                            allowed=vmm.allowed)
+                            allowed=vmm_bound(vmm, pods[vmm.pod], seen))
         out.append(pinning_of(vmm, plan, snapshot.topology))
     return tuple(out)
+
+
+def vmm_bound(vmm: VmmProcess, placed: Sequence[Container], seen: Mapping[str, CpuSet]) -> CpuSet:
+    """The VMM cgroup's cpuset once the cycle's actions are applied: discovery's, unless the
+    container holding the VMM is moved this cycle (Kata's sandbox container moves with its pod),
+    then its new cpuset (the actuator writes it before the threads are pinned)."""
+    host = next((c for c in placed if c.id == vmm.container), None)
+    if host is not None and host.cpuset and host.cpuset != seen.get(host.id):
+        return host.cpuset
+    return vmm.allowed
 
 
 def vm_workloads(containers: Sequence[Container], vmm: VmmProcess) -> list[Container]:

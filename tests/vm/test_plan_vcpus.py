@@ -221,3 +221,10 @@ def test_an_unknown_vmm_cgroup_cpuset_bounds_nothing():
 def test_the_vmm_facts_round_trip_through_json():
     v = replace(vmm(), container="compute", allowed=S("5"), busy=("compute",))
     assert VmmProcess.from_json(json.loads(json.dumps(v.to_json()))) == v
+
+
+def test_the_bound_follows_the_vmm_container_when_the_cycle_moves_it():
+    moves = [Action(kind="cpuset", container=c, frm=f, to=t, reason="test")
+             for c, f, t in (("sandbox", "0-7", "8-11"), ("a", "4", "9"))]
+    (p,) = plan_vcpus(kata_layout(), actions=moves)  # the pod moves whole, its sandbox included
+    assert p.affinity[200] == S("9") and p.notes == ()  # not held back by the old cgroup cpuset
