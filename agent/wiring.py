@@ -67,6 +67,7 @@ class Parts:
         self.vms = self._make_vms()
         self.vcpus = VcpuActuator()
         self._vmms: tuple[VmmProcess, ...] = ()
+        self._vm_notes: dict[str, tuple[str, ...]] = {}  # pod -> the notes last logged
         self._containers: list[Container] = []
 
     # -- construction ---------------------------------------------------------------------
@@ -208,6 +209,7 @@ class Parts:
         if self.vms is not None:
             errors.extend(self.vcpus.apply(pinning).errors)
             errors.extend(f"pod {p.pod}: {why}" for p in pinning for why in p.problems)
+            self._vm_notes = log_new_notes(pinning, self._vm_notes)
         return errors
 
     def vmms(self) -> tuple[VmmProcess, ...]:
@@ -239,6 +241,18 @@ def exclusive_by_name(containers: Sequence[Container], kubelet: KubeletState) ->
             c = dataclasses.replace(c, exclusive=True)
         out.append(c)
     return out
+
+
+def log_new_notes(pinning: Sequence[VcpuPinning],
+                  logged: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Log each sandbox's layout notes once, when they first appear (they are state, exported in
+    `vm_sandboxes`, not an error of every cycle); returns what is logged now."""
+    now = {p.pod: p.notes for p in pinning if p.notes}
+    for pod, notes in sorted(now.items()):
+        for note in notes:
+            if note not in logged.get(pod, ()):
+                log.warning("vm: pod %s: %s", pod, note)
+    return now
 
 
 def mark_sandboxed(containers: Sequence[Container], vm_pods: set[str]) -> list[Container]:

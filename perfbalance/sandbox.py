@@ -48,11 +48,22 @@ class VmmProcess:
     vcpus: Mapping[int, int]  # vCPU index -> TID
     helpers: tuple[int, ...]  # TIDs: main loop, I/O threads, vhost workers
     hugepages: tuple[PodHugepages, ...] = ()
+    # The pod's container whose cgroup the VMM process is in ("" when it is in no container's
+    # cgroup, as in Kata's `kata_<sandbox id>` cgroup): Kata's pod sandbox container, or
+    # KubeVirt's compute container.
+    container: str = ""
+    # The effective cpuset of the VMM's own cgroup: sched_setaffinity cannot leave it (empty:
+    # not known, no bound assumed).
+    allowed: CpuSet = field(default_factory=CpuSet)
+    # The pod's containers whose cgroups hold host processes (the VMM's included); the others'
+    # work runs inside the VM.
+    busy: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"pod": self.pod, "cgroup": self.cgroup, "pid": self.pid, "comm": self.comm,
                 "vcpus": {str(v): t for v, t in sorted(self.vcpus.items())},
-                "helpers": list(self.helpers), "hugepages": [h.to_json() for h in self.hugepages]}
+                "helpers": list(self.helpers), "hugepages": [h.to_json() for h in self.hugepages],
+                "container": self.container, "allowed": str(self.allowed), "busy": list(self.busy)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], *, source: str = "vmm") -> VmmProcess:
@@ -61,7 +72,10 @@ class VmmProcess:
                        comm=str(d.get("comm", "")),
                        vcpus={int(v): int(t) for v, t in dict(d.get("vcpus", {})).items()},
                        helpers=tuple(int(t) for t in d.get("helpers", ())),
-                       hugepages=tuple(PodHugepages.from_json(h) for h in d.get("hugepages", ())))
+                       hugepages=tuple(PodHugepages.from_json(h) for h in d.get("hugepages", ())),
+                       container=str(d.get("container", "")),
+                       allowed=CpuSet.parse(str(d.get("allowed", "")), source=source),
+                       busy=tuple(str(c) for c in d.get("busy", ())))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ParseError("vmm", str(d)[:120], f"{type(e).__name__}: {e}", source=source) from None
 
@@ -91,7 +105,9 @@ class VcpuPinning:
     vCPU for containers pinned 1:1 (kept stable across moves: the next cycle's plan starts from
     it); `guest_cpusets` is what the in-guest agent must apply; `guest_numa` the guest NUMA
     nodes of the pinned vCPUs with the pod's hugepages split over them (empty when no vCPU is
-    pinned); `problems` what could not be done, one line each."""
+    pinned); `problems` what could not be done, one line each (errors of every cycle); `notes`
+    how the layout bounds the pinning (the VMM's cgroup cpuset leaves out the shared pool):
+    state, not errors, logged once when they change."""
 
     pod: str
     vmm_pid: int
@@ -103,9 +119,11 @@ class VcpuPinning:
     guest_numa: tuple[GuestNode, ...] = ()
     hugepages: tuple[PodHugepages, ...] = ()
     problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"pod": self.pod, "vmm_pid": self.vmm_pid,
                 "guest_numa": [n.to_json() for n in self.guest_numa],
                 "hugepages": [h.to_json() for h in self.hugepages],
-                **({"problems": list(self.problems)} if self.problems else {})}
+                **({"problems": list(self.problems)} if self.problems else {}),
+                **({"notes": list(self.notes)} if self.notes else {})}

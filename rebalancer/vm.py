@@ -4,8 +4,10 @@ A container in a VM sandbox runs on the VMM's vCPU threads, not on the processes
 cgroup. The kubelet's cpusets therefore mean nothing to the VM unless someone translates them:
 
 * the sandbox mask (the mandatory part of the Kata cpu-manager proposal): vCPU threads may run on
-  the OR of the sandbox's containers' cpusets and nowhere else; helper threads (main loop, I/O threads, vhost
-  workers) go to the shared pool, never onto CPUs dedicated to containers (bergwolf's design);
+  the OR of the sandbox's workload containers' cpusets (not the pod sandbox container's, which
+  holds the VMM in Kata's per-container layout) and nowhere else; helper threads (main loop, I/O
+  threads, vhost workers) go to the shared pool, never onto CPUs dedicated to containers
+  (bergwolf's design); every thread within the VMM cgroup's cpuset, which the kernel enforces;
 * 1:1 pinning (the proposal's second part): each CPU dedicated to a container gets its own vCPU,
   the host CPU <-> vCPU mapping is kept stable across moves and translates a container's host
   cpuset into the guest vCPU ids the in-guest agent must apply (so `nproc` inside matches);
@@ -21,7 +23,7 @@ Everything here is a pure function of values: `agent/discover/vmm.py` finds the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from perfbalance import mcpu
@@ -243,30 +245,43 @@ class SandboxPlan:
     mapping: Mapping[str, Mapping[int, int]]  # container id -> host cpu -> vCPU
     guest_cpusets: Mapping[str, CpuSet]  # container id -> vCPU ids to apply inside the guest
     problems: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # how the VMM's cgroup bounds the plan (not errors)
 
 
 def plan_sandbox(*, containers: Sequence[Container], vcpus: Iterable[int], pool: CpuSet,
                  previous: VcpuMap | None = None, system_vcpus: int = 1,
-                 pin_exclusive: bool = True, topology: Topology | None = None) -> SandboxPlan:
+                 pin_exclusive: bool = True, topology: Topology | None = None,
+                 allowed: CpuSet = CpuSet()) -> SandboxPlan:
     """Plan the affinity of a sandbox's vCPU and helper threads.
 
     Dedicated CPUs of `exclusive` containers each get one vCPU pinned 1:1 (when `pin_exclusive`);
     the other vCPUs float over the sandbox mask minus those CPUs (or the pool when nothing is
     left: the guest's own work then shares the pool, as bergwolf proposed); helpers get the pool.
-    Empty sets fall back to the sandbox mask so that no thread is ever left without a CPU.
+    Every thread stays within `allowed`, the VMM cgroup's cpuset (the kernel refuses an affinity
+    outside it): KubeVirt's compute container holds only its dedicated CPUs, so there the
+    helpers and unpinned vCPUs share those CPUs, and a note says so. Empty sets fall back to the
+    sandbox mask so that no thread is ever left without a CPU.
     """
     vcpu_ids = sorted(set(vcpus))
     mask = union(c.cpuset for c in containers)
-    exclusive = {c.id: c.cpuset for c in containers if c.exclusive and c.cpuset}
+    exclusive, notes = _pinnable(containers, allowed)
     pinning = (map_vcpus(exclusive=exclusive, vcpus=vcpu_ids, previous=previous,
                          system_vcpus=system_vcpus, topology=topology)
                if pin_exclusive else Pinning(mapping={}))
     problems = list(pinning.problems)
     pinned = pinning.pinned
-    floating_cpus = _first_nonempty(mask - CpuSet(pinned.values()), pool, mask)
-    helpers = _first_nonempty(pool, floating_cpus, mask)
+    clip = _within(allowed)
+    floating_cpus = _first_nonempty(clip(mask - CpuSet(pinned.values())), clip(pool), clip(mask),
+                                    allowed, mask)
+    helpers = _first_nonempty(clip(pool), floating_cpus, mask)
+    if mask and not clip(mask):
+        notes.append(f"the sandbox mask {mask} lies outside the VMM's cgroup cpuset {allowed}; "
+                     f"its vCPUs run on {floating_cpus} instead")
     if not pool:
         problems.append(f"shared pool is empty; helper threads run on {helpers} instead")
+    elif not clip(pool):
+        notes.append(f"the shared pool {pool} lies outside the VMM's cgroup cpuset {allowed}; "
+                     f"helper threads run on {helpers} instead")
     affinity = {v: CpuSet([pinned[v]]) if v in pinned else floating_cpus for v in vcpu_ids}
     floating = CpuSet(v for v in vcpu_ids if v not in pinned)
     if not floating and len(pinning.mapping) < len(containers):
@@ -274,7 +289,22 @@ def plan_sandbox(*, containers: Sequence[Container], vcpus: Iterable[int], pool:
     guest = {c.id: CpuSet(pinning.mapping[c.id].values()) if c.id in pinning.mapping
              else (floating or CpuSet(vcpu_ids)) for c in containers}
     return SandboxPlan(mask=mask, pool=pool, vcpu_affinity=affinity, helper_affinity=helpers,
-                       mapping=pinning.mapping, guest_cpusets=guest, problems=tuple(problems))
+                       mapping=pinning.mapping, guest_cpusets=guest, problems=tuple(problems),
+                       notes=tuple(notes))
+
+
+def _pinnable(containers: Sequence[Container], allowed: CpuSet) -> tuple[dict[str, CpuSet], list[str]]:
+    """Dedicated cpusets to pin 1:1: those within `allowed` (a vCPU cannot be pinned to a CPU its
+    cgroup leaves out), and a note for each that is not."""
+    exclusive = {c.id: c.cpuset for c in containers if c.exclusive and c.cpuset}
+    outside = {cid: cpus for cid, cpus in exclusive.items() if allowed and not cpus <= allowed}
+    notes = [f"container {cid}: dedicated CPUs {cpus} lie outside the VMM's cgroup cpuset "
+             f"{allowed}; its vCPUs are not pinned" for cid, cpus in sorted(outside.items())]
+    return {cid: cpus for cid, cpus in exclusive.items() if cid not in outside}, notes
+
+
+def _within(allowed: CpuSet) -> Callable[[CpuSet], CpuSet]:
+    return (lambda s: s & allowed) if allowed else (lambda s: s)
 
 
 def _first_nonempty(*sets: CpuSet) -> CpuSet:
@@ -416,7 +446,9 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
     One `VcpuPinning` per VMM of `snapshot.vmms` whose pod has containers: `plan_sandbox` over
     the pod's containers (cpusets after the actions) and the node's shared pool, starting from
     the host CPU <-> vCPU mapping of `previous` (the last cycle's pinnings: that is what keeps
-    it stable across moves), with the guest NUMA layout of the pinned vCPUs."""
+    it stable across moves), with the guest NUMA layout of the pinned vCPUs. The sandbox mask is
+    the OR of the pod's workload containers (`vm_workloads`), every thread within the VMM
+    cgroup's cpuset (`VmmProcess.allowed`)."""
     if not snapshot.vmms:  # most nodes, every cycle
         return ()
     containers = placed(snapshot, actions)
@@ -426,15 +458,45 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
     for c in containers:
         pods.setdefault(c.pod_key, []).append(c)
     before = {p.pod: p.mapping for p in previous}
+    seen = {s.id: s.container.cpuset for s in snapshot.containers}
     out = []
     for vmm in sorted(snapshot.vmms, key=lambda v: v.pod):
         if vmm.pod not in pods:
             continue
-        plan = plan_sandbox(containers=pods[vmm.pod], vcpus=vmm.vcpus, pool=pool,
+        plan = plan_sandbox(containers=vm_workloads(pods[vmm.pod], vmm), vcpus=vmm.vcpus, pool=pool,
                             previous=before.get(vmm.pod, {}), system_vcpus=system_vcpus,
-                            pin_exclusive=pin_exclusive, topology=snapshot.topology)
+                            pin_exclusive=pin_exclusive, topology=snapshot.topology,
+                            allowed=vmm_bound(vmm, pods[vmm.pod], seen))
         out.append(pinning_of(vmm, plan, snapshot.topology))
     return tuple(out)
+
+
+def vmm_bound(vmm: VmmProcess, placed: Sequence[Container], seen: Mapping[str, CpuSet]) -> CpuSet:
+    """The VMM cgroup's cpuset once the cycle's actions are applied: discovery's, unless the
+    container holding the VMM is moved this cycle (Kata's sandbox container moves with its pod),
+    then its new cpuset (the actuator writes it before the threads are pinned)."""
+    host = next((c for c in placed if c.id == vmm.container), None)
+    if host is not None and host.cpuset and host.cpuset != seen.get(host.id):
+        return host.cpuset
+    return vmm.allowed
+
+
+def vm_workloads(containers: Sequence[Container], vmm: VmmProcess) -> list[Container]:
+    """The pod's containers whose work runs on the VMM's vCPUs: all but the pod sandbox container.
+
+    In Kata's per-container layout the VMM runs in the cgroup of the pod sandbox (pause)
+    container, which holds the pod's CPUs and no workload: it must not widen the mask. In
+    KubeVirt's the VMM runs in the `compute` container, which is the workload. The VMM's
+    container is taken for the sandbox when pod metadata says Kata, or, without it, when other
+    containers exist and none of them has a host process (their work runs in the VM, as in
+    Kata; KubeVirt's sidecars are host processes); metadata saying KubeVirt keeps it."""
+    host = next((c for c in containers if c.id == vmm.container), None)
+    others = [c for c in containers if c is not host]
+    if host is None or not others or host.sandbox == "kubevirt":
+        return list(containers)
+    if host.sandbox == "kata" or not {c.id for c in others} & set(vmm.busy):
+        return others
+    return list(containers)
 
 
 def pinning_of(vmm: VmmProcess, plan: SandboxPlan, topology: Topology) -> VcpuPinning:
@@ -445,7 +507,7 @@ def pinning_of(vmm: VmmProcess, plan: SandboxPlan, topology: Topology) -> VcpuPi
     return VcpuPinning(pod=vmm.pod, vmm_pid=vmm.pid, affinity=dict(sorted(affinity.items())),
                        vcpu_threads=dict(vmm.vcpus), helpers=vmm.helpers, mapping=plan.mapping,
                        guest_cpusets=plan.guest_cpusets, guest_numa=nodes,
-                       hugepages=vmm.hugepages, problems=plan.problems + problems)
+                       hugepages=vmm.hugepages, problems=plan.problems + problems, notes=plan.notes)
 
 
 def sandbox_numa(mapping: VcpuMap, topology: Topology,

@@ -9,7 +9,10 @@ kubelet dedicated to someone else. Each cycle, before the snapshot, `VmmDiscover
 2. classifies its threads from `<procfs>/<pid>/task/<tid>/comm`: vCPU threads (QEMU `CPU n/KVM`,
    Cloud Hypervisor `vcpun`, Firecracker `fc_vcpu n`, configurable) and helpers (main loop, I/O
    threads, vhost workers; also kernel `vhost-<vmm pid>` workers found in the pod's cgroups);
-3. reads the hugepages the pod holds per host node (agent/discover/hugepages.py).
+3. reads the hugepages the pod holds per host node (agent/discover/hugepages.py);
+4. notes which container's cgroup the VMM is in, that cgroup's effective cpuset (the kernel
+   keeps every VMM thread within it) and which containers have host processes at all (the
+   planner tells Kata's pod sandbox container from KubeVirt's compute container with it).
 
 The result is `Snapshot.vmms`. Where the threads must run is the planner's decision
 (`rebalancer.vm.plan_vcpus` -> `Plan.vcpu_pinning`); `agent/act/vcpu.py` applies it. A pod's
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 
 from agent.config import VmSection
 from agent.discover import hugepages
+from agent.discover.containers import read_cpuset
 from perfbalance.cgroupfs import Cgroupfs
+from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
 from perfbalance.model import Container
 from perfbalance.sandbox import VmmProcess
@@ -89,6 +94,25 @@ def classify(pid: int, comms: Mapping[int, str], patterns: Sequence[re.Pattern[s
 def is_vmm(comm: str, exe: str, patterns: Sequence[re.Pattern[str]]) -> bool:
     names = (comm, os.path.basename(exe)) if exe else (comm,)
     return any(p.search(n) for p in patterns for n in names if n)
+
+
+def _norm(rel: str) -> str:
+    return rel.strip("/")
+
+
+def container_at(containers: Sequence[Container], rel: str) -> str:
+    """The id of the container whose cgroup is `rel` or holds it, "" for none."""
+    rel = _norm(rel)
+    for c in containers:
+        own = _norm(c.cgroup)
+        if own and (rel == own or rel.startswith(own + "/")):
+            return c.id
+    return ""
+
+
+def busy_containers(containers: Sequence[Container], populated: set[str]) -> tuple[str, ...]:
+    """Ids of the containers whose cgroup subtree holds one of the `populated` cgroups."""
+    return tuple(sorted({cid for rel in populated if (cid := container_at(containers, rel))}))
 
 
 def pod_cgroup(containers: Sequence[Container]) -> str:
@@ -204,28 +228,44 @@ class VmmDiscovery:
         cgroup = pod_cgroup(members)
         if not cgroup:
             return None  # containers at the top of the tree: no pod cgroup to search
-        threads = self.find_vmm(cgroup, scan_threads=any(c.sandbox for c in members))
+        where = self.pid_cgroups(cgroup)
+        threads = self._pick_vmm(sorted(where), scan_threads=any(c.sandbox for c in members))
         if threads is None:
             return None
+        home = where.get(threads.pid, "")
         try:
             held = hugepages.pod_hugepages(self.cgroupfs, cgroup, sizes)
         except ParseError as e:
             errors.append(f"pod {pod}: hugepages unknown: {e}")
             held = ()
         return VmmProcess(pod=pod, cgroup=cgroup, pid=threads.pid, comm=threads.comm,
-                          vcpus=threads.vcpus, helpers=threads.helpers, hugepages=held)
+                          vcpus=threads.vcpus, helpers=threads.helpers, hugepages=held,
+                          container=container_at(members, home), allowed=self._allowed(pod, home, errors),
+                          busy=busy_containers(members, set(where.values())))
+
+    def _allowed(self, pod: str, rel: str, errors: list[str]) -> CpuSet:
+        """The effective cpuset of the VMM's cgroup (empty when it cannot be read: no bound)."""
+        try:
+            return read_cpuset(self.cgroupfs, rel, None)[0]
+        except (PerfbalanceError, OSError) as e:
+            errors.append(f"pod {pod}: cpuset of the VMM's cgroup {rel} unknown: {e}")
+            return CpuSet()
 
     # -- finding the VMM ------------------------------------------------------------------------
     def pod_pids(self, cgroup: str) -> list[int]:
         """Processes anywhere in the pod's cgroup subtree (bounded depth)."""
-        pids: set[int] = set()
+        return sorted(self.pid_cgroups(cgroup))
+
+    def pid_cgroups(self, cgroup: str) -> dict[int, str]:
+        """pid -> the cgroup it is in, for every process of the pod's subtree (bounded depth)."""
+        where: dict[int, str] = {}
         for rel in self.cgroupfs.walk(cgroup, self._hierarchy(cgroup),
                                       max_depth=self.config.max_cgroup_depth):
             try:
-                pids.update(self.cgroupfs.pids(rel))
+                where.update(dict.fromkeys(self.cgroupfs.pids(rel), rel))
             except ContainerGone:
                 continue
-        return sorted(pids)
+        return where
 
     def _hierarchy(self, cgroup: str) -> str | None:
         """v2 when the pod is there (v2, systemd hybrid), else v1 cpuset (cgroupfs driver on hybrid)."""
@@ -236,7 +276,9 @@ class VmmDiscovery:
     def find_vmm(self, cgroup: str, *, scan_threads: bool = True) -> VmmThreads | None:
         """The VMM among the pod's processes: one named like a VMM (comm or exe), else (when
         `scan_threads`) the one with the most vCPU-named threads. None when there is none."""
-        pids = self.pod_pids(cgroup)
+        return self._pick_vmm(self.pod_pids(cgroup), scan_threads=scan_threads)
+
+    def _pick_vmm(self, pids: list[int], *, scan_threads: bool) -> VmmThreads | None:
         comms = {p: c for p in pids if (c := self._comm(p)) is not None}
         named = [p for p in pids if p in comms and is_vmm(comms[p], self.proc.exe(p), self._vmm_re)]
         others = [p for p in pids if p not in named] if scan_threads else []

@@ -3,9 +3,9 @@ virtme-ng, emulated with TCG) runs tests/node/v2guest.py once, which drives disc
 actuator and the BPF collectors against real processes and prints what it saw as JSON.
 
 The guest has the host's root filesystem read-only (9p, copy-on-write overlays), so it runs this
-working tree with the venv's python. No systemd runs in it (as init it hangs in
-systemd-tmpfiles-setup under emulation): the kubelet's systemd-driver slices are laid out by hand
-with mkdir in the guest's cgroup2. Emulation, not KVM: this machine's nested KVM boots an
+working tree with the venv's python. No systemd runs in it (`vng --systemd` never runs the
+script: docs/tested-against.md, "systemd in the cgroup-v2 guest"): the kubelet's systemd-driver
+slices are laid out by hand with mkdir in the guest's cgroup2. Emulation, not KVM: this machine's nested KVM boots an
 unmodified kernel too slowly.
 """
 

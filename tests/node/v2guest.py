@@ -2,8 +2,9 @@
 and prints one JSON line of what it saw: perfbalance's discovery, cpuset actuator and BPF
 collectors against real processes on a real cgroup2 hierarchy.
 
-The guest has no systemd as init (it hangs in systemd-tmpfiles-setup under emulation) and no
-kubelet, so the systemd-driver layout the kubelet would make is laid out here by hand with mkdir:
+The guest has no systemd as init (`vng --systemd` never runs the script: docs/tested-against.md,
+"systemd in the cgroup-v2 guest") and no kubelet, so the systemd-driver layout the kubelet would
+make is laid out here by hand with mkdir:
 kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_with_underscores>.slice/
 cri-containerd-<id>.scope (Guaranteed pods directly under kubepods.slice). Everything above that
 (the kernel's cgroup2, cpuset semantics, processes, forks, BPF) is real.

@@ -4,6 +4,7 @@ stable mapping, the guest NUMA layout with the pod's hugepages, and moves that w
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from agent.export.report import CycleReport
 from perfbalance.cpuset import CpuSet, union
@@ -142,3 +143,88 @@ def test_metrics_export_guest_nodes_and_hugepages_per_host_node():
     assert vcpus == {("0", "0"): 1, ("1", "1"): 1}
     held_series = {s.labels["host_node"]: s.value for s in fams["perfbalance_vm_hugepages"].samples}
     assert held_series == {"0": 2, "1": 4}
+
+
+# -- whose cpusets make the mask, and the VMM cgroup's cpuset as a bound --------------------------
+
+def kata_layout(*, busy=("sandbox",), kind="vm"):
+    """Kata's per-container layout: the VMM in the pod sandbox container's cgroup (the pod's CPUs),
+    the workload container's host cgroup empty."""
+    cs = [replace(ctr("sandbox", "0-7"), sandbox=kind), replace(ctr("a", "4"), sandbox=kind)]
+    return snapshot(cs, [replace(vmm(vcpus=2), container="sandbox", allowed=S("0-7"), busy=busy)])
+
+
+def test_the_pod_sandbox_container_holding_the_vmm_does_not_widen_the_mask():
+    (p,) = plan_vcpus(kata_layout())
+    assert p.affinity[200] == p.affinity[201] == S("4")  # the workload container's cpuset only
+    assert set(p.guest_cpusets) == {"a"}  # the sandbox container is no workload of the guest
+
+
+def test_kata_metadata_marks_the_vmm_container_as_the_sandbox_even_with_host_processes():
+    (p,) = plan_vcpus(kata_layout(busy=("a", "sandbox"), kind="kata"))
+    assert p.affinity[200] == S("4")
+
+
+def test_the_vmm_container_counts_when_another_container_has_host_processes():
+    (p,) = plan_vcpus(kata_layout(busy=("a", "sandbox")))  # control: a KubeVirt-like pod with a sidecar
+    assert p.affinity[200] == S("0-7")
+
+
+def test_kubevirt_metadata_keeps_the_compute_container_in_the_mask():
+    (p,) = plan_vcpus(kata_layout(kind="kubevirt"))  # control: compute is the workload
+    assert p.affinity[200] == S("0-7")
+
+
+def kubevirt_layout(*, allowed, previous=()):
+    """KubeVirt: the VMM in the compute container, whose cgroup holds its dedicated CPU 5 only."""
+    compute = replace(ctr("compute", "5", exclusive=True), sandbox="kubevirt")
+    snap = snapshot([compute], [replace(vmm(vcpus=2), container="compute", allowed=S(allowed),
+                                        busy=("compute",))])
+    return plan_vcpus(snap, previous=previous)
+
+
+def test_helpers_and_unpinned_vcpus_stay_within_the_vmm_cgroup_when_the_pool_lies_outside():
+    (p,) = kubevirt_layout(allowed="5")
+    assert p.mapping == {"compute": {5: 1}}  # 1:1 pinning of the dedicated CPU kept
+    assert p.affinity[201] == S("5")
+    assert p.affinity[200] == p.affinity[100] == p.affinity[300] == S("5")  # not the pool
+    assert p.problems == ()  # not an error of every cycle ...
+    assert p.notes == ("the shared pool 0-4,6-15 lies outside the VMM's cgroup cpuset 5; "
+                       "helper threads run on 5 instead",)  # ... but said
+
+
+def test_helpers_go_to_the_pool_when_the_vmm_cgroup_covers_it():
+    (p,) = kubevirt_layout(allowed="0-15")  # control: the same pod, the VMM's cgroup wide
+    assert p.affinity[201] == S("5")
+    assert p.affinity[100] == p.affinity[200] == S("0-4,6-15")
+    assert p.notes == ()
+
+
+def test_the_bound_keeps_the_vcpu_mapping_across_cycles():
+    first = kubevirt_layout(allowed="5")
+    again = kubevirt_layout(allowed="5", previous=first)
+    assert again[0].mapping == first[0].mapping == {"compute": {5: 1}}
+
+
+def test_dedicated_cpus_outside_the_vmm_cgroup_are_not_pinned_and_noted():
+    (p,) = kubevirt_layout(allowed="6-7")
+    assert p.mapping == {}
+    assert all(cpus <= S("6-7") for cpus in p.affinity.values())
+    assert any("dedicated CPUs 5 lie outside the VMM's cgroup cpuset 6-7" in n for n in p.notes)
+
+
+def test_an_unknown_vmm_cgroup_cpuset_bounds_nothing():
+    (p,) = kubevirt_layout(allowed="")  # as before: helpers on the pool
+    assert p.affinity[100] == S("0-4,6-15") and p.notes == ()
+
+
+def test_the_vmm_facts_round_trip_through_json():
+    v = replace(vmm(), container="compute", allowed=S("5"), busy=("compute",))
+    assert VmmProcess.from_json(json.loads(json.dumps(v.to_json()))) == v
+
+
+def test_the_bound_follows_the_vmm_container_when_the_cycle_moves_it():
+    moves = [Action(kind="cpuset", container=c, frm=f, to=t, reason="test")
+             for c, f, t in (("sandbox", "0-7", "8-11"), ("a", "4", "9"))]
+    (p,) = plan_vcpus(kata_layout(), actions=moves)  # the pod moves whole, its sandbox included
+    assert p.affinity[200] == S("9") and p.notes == ()  # not held back by the old cgroup cpuset

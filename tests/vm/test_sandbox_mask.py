@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Container, KubeletState
+from perfbalance.model import Container, ContainerSample, KubeletState, Snapshot
+from perfbalance.topology import synthetic
 from tests.vm.conftest import ALL, CLOUD_HYPERVISOR, QEMU
 
 pytestmark = pytest.mark.root
@@ -117,11 +118,28 @@ def test_cloud_hypervisor_helpers_stay_off_dedicated_cpus(pod, sandboxes):
         assert vmm.affinity(name) == ONE, name
 
 
-def test_affinity_outside_the_vmm_cgroup_cpuset_is_reported_not_raised(pod, sandboxes):
+def test_the_vmm_cgroup_cpuset_bounds_every_thread_and_is_noted_not_an_error(pod, sandboxes):
     pod.cg.write(pod.ctr("sandbox"), "cpuset", "cpuset.cpus", "0")
     pod.set_cpus("ctr-a", "1")
     pod.set_cpus("ctr-b", "1")
     vmm = pod.spawn(*QEMU)
     report = sync(sandboxes, pod)
+    assert report.errors == () and report.problems == ()
+    (p,) = report.sandboxes
+    assert any("sandbox mask 1 lies outside the VMM's cgroup cpuset 0" in n for n in p.notes), p.notes
+    assert vmm.affinity("CPU 0/KVM") == vmm.affinity("qemu-system-x86") == ZERO
+
+
+def test_a_cgroup_narrowed_after_discovery_is_reported_not_raised(pod, sandboxes):
+    pod.set_cpus("ctr-a", "1")
+    pod.set_cpus("ctr-b", "1")
+    vmm = pod.spawn(*QEMU)
+    containers = [pod.container("ctr-a"), pod.container("ctr-b")]
+    found = sandboxes.discovery.find(containers)  # the VMM's cgroup still allows 0-1
+    pod.cg.write(pod.ctr("sandbox"), "cpuset", "cpuset.cpus", "0")
+    snap = Snapshot(time=0.0, window=1.0, node="n", topology=synthetic(packages=1, cores_per_node=2),
+                    kubelet=KubeletState(default_cpuset=ALL), vmms=found.vmms,
+                    containers=tuple(ContainerSample(container=c) for c in containers))
+    report = sandboxes.sync_snapshot(snap)
     assert any(f"tid {vmm.tids['CPU 0/KVM']}" in e and "EINVAL" in e for e in report.errors)
     assert vmm.affinity("CPU 0/KVM") == ZERO  # the kernel kept it inside its cpuset
