@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from agent.act.classnode import ACTION_KINDS, ClassNode
 from agent.act.dispatch import CpusetMoves, Dispatch, RdtMoves
 from agent.act.rdt import RdtNode
 from agent.act.vcpu import VcpuActuator
@@ -62,8 +63,10 @@ class Parts:
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
+        self.classes = ClassNode(config, self.cgfs)  # block-I/O and real-time classes
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
-                                  "rdt_class": RdtMoves(self.resctrl.apply_class)})
+                                  "rdt_class": RdtMoves(self.resctrl.apply_class),
+                                  **dict.fromkeys(ACTION_KINDS, self.classes)})
         self.vms = self._make_vms()
         self.vcpus = VcpuActuator()
         self._vmms: tuple[VmmProcess, ...] = ()
@@ -117,6 +120,7 @@ class Parts:
             log.warning("config changes in %s take effect at the next start of the agent", ", ".join(later))
         old, self.config = self.config, config
         self.resctrl.reconfigure(config)
+        self.classes.reconfigure(config)
         if self.podmeta is not None:
             podmeta.reconfigure(self.podmeta, config)
         self.cpusets.reassert_drift = config.cpuset.reassert_drift
@@ -147,6 +151,7 @@ class Parts:
             return list(self._containers), self.kubelet
         if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
+            errors.extend(self.classes.annotation_problems(containers))
         if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
             found = self.vms.find(containers)
             errors.extend(found.errors)
@@ -203,12 +208,17 @@ class Parts:
             with state.lock:
                 state.drift_reasserted_total += n
         errors.extend(self.resctrl.maintain(containers))
+        errors.extend(self.classes.sync(containers))  # block-I/O and real-time classes
         with state.lock:
             state.extra.update(self.resctrl.extra())
         if self.vms is not None:
             errors.extend(self.vcpus.apply(pinning).errors)
             errors.extend(f"pod {p.pod}: {why}" for p in pinning for why in p.problems)
         return errors
+
+    def class_report(self, snapshot: Snapshot) -> dict[str, Any]:
+        """Classes per container and per controller, for the cycle's report."""
+        return self.classes.report([s.container for s in snapshot.containers])
 
     def vmms(self) -> tuple[VmmProcess, ...]:
         """The VMMs this cycle's discovery found (for `Snapshot.vmms`)."""
