@@ -63,10 +63,11 @@ class Parts:
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
-        self.classes = ClassNode(config, self.cgfs)  # block-I/O and real-time classes
+        self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
-                                  "rdt_class": RdtMoves(self.resctrl.apply_class),
                                   **dict.fromkeys(ACTION_KINDS, self.classes)})
+        if not self.classes.uses("rdt"):  # no resctrl: the refusal says why (ResctrlError, ENODEV)
+            self.dispatch.actuators["rdt_class"] = RdtMoves(self.resctrl.apply_class)
         self.vms = self._make_vms()
         self.vcpus = VcpuActuator()
         self._vmms: tuple[VmmProcess, ...] = ()
@@ -157,6 +158,7 @@ class Parts:
             errors.extend(found.errors)
             self._vmms = found.vmms
             containers = mark_sandboxed(containers, {v.pod for v in found.vmms})
+        self.classes.restore(containers)  # first discovery only: the previous run's classes
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         self._containers = containers
@@ -207,8 +209,8 @@ class Parts:
         if n:
             with state.lock:
                 state.drift_reasserted_total += n
-        errors.extend(self.resctrl.maintain(containers))
-        errors.extend(self.classes.sync(containers))  # block-I/O and real-time classes
+        errors.extend(self.classes.sync(containers))  # RDT, block-I/O and real-time classes
+        errors.extend(self.resctrl.maintain(containers))  # RDT: new threads into the class set
         with state.lock:
             state.extra.update(self.resctrl.extra())
         if self.vms is not None:

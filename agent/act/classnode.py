@@ -2,7 +2,8 @@
 
 agent/act/classes.py is the mechanism (decide once per cycle, apply, keep the previous class on
 a refusal, checkpoint); this module is its wiring, kept apart so agent/wiring.py only holds it:
-each configured controller (block I/O, real time) is built from its config section, the
+each configured controller (block I/O, real time; RDT from the agent's RdtNode) is built from
+its config section, the
 tri-state `mode` decides whether it is used (`off` never, `auto` when the node offers it, `on`
 or startup fails with the reason), the checkpoint of a previous run is taken back before the
 first sync, and the cycle's classes per container and per-controller counts are given to the
@@ -18,6 +19,7 @@ from typing import Any
 
 from agent.act.blockio import BlockIoController
 from agent.act.classes import ClassController, ClassManager, Slot, usable
+from agent.act.rdt import RdtClasses, RdtNode, rdt_rules
 from agent.act.rt import RtController
 from agent.config import Config
 from perfbalance.cgroupfs import Cgroupfs
@@ -37,8 +39,10 @@ CONTROLLERS: dict[str, tuple[str, Build]] = {
     "rt": ("rt", lambda cfg, fs: RtController(section=cfg.rt, cgroupfs=fs)),
 }
 
-# The planner's action kinds that choose a class, by controller (agent/act/dispatch.py).
-ACTION_KINDS = {f"{name}_class": name for name in CONTROLLERS}
+# The planner's action kinds that choose a class, by controller (agent/act/dispatch.py). RDT
+# (resctrl, its own section and tri-state `resctrl.rdt`) is a controller of the same mechanism,
+# built from the agent's RdtNode.
+ACTION_KINDS = {f"{name}_class": name for name in (*CONTROLLERS, "rdt")}
 
 
 def availability(config: Config, cgfs: Cgroupfs) -> dict[str, dict[str, Any]]:
@@ -61,10 +65,12 @@ def _used_reason(mode: str, classes: int) -> str:
 class ClassNode:
     """Every class controller the agent uses on this node, behind one ClassManager."""
 
-    def __init__(self, config: Config, cgfs: Cgroupfs) -> None:
+    def __init__(self, config: Config, cgfs: Cgroupfs, *, rdt: RdtNode | None = None) -> None:
         self.config = config
         self.reasons: dict[str, str] = {}  # controller -> why not used ("" when used)
         slots = [slot for name in CONTROLLERS if (slot := self._slot(name, config, cgfs)) is not None]
+        if rdt is not None:
+            slots += self._rdt_slot(rdt)
         self.manager = ClassManager(slots, run_dir=config.agent.run_dir)
         self._restored = False
         # (container, line) of placement annotations that do not parse: in a report / pending / logged
@@ -86,16 +92,20 @@ class ClassNode:
         log.info("%s classes in use: %s", name, ", ".join(sorted(section.classes)) or "none")
         return Slot(controller=controller, rules=section.rules())
 
+    def _rdt_slot(self, rdt: RdtNode) -> list[Slot]:
+        controller = RdtClasses(rdt)
+        self.reasons["rdt"] = controller.unavailable()
+        return [] if self.reasons["rdt"] else [Slot(controller=controller, rules=rdt.rules)]
+
+    def uses(self, controller: str) -> bool:
+        return controller in self.manager.slots
+
     # -- per cycle ------------------------------------------------------------------------------
     def sync(self, containers: Sequence[Container]) -> list[str]:
         """Decide and apply every container's classes; the new problems, one line each."""
         if not self.manager.slots:
             return []
-        if not self._restored:  # what a previous run applied, for the containers still here
-            self._restored = True
-            n = self.manager.load([c.id for c in containers])
-            if n:
-                log.info("restart: %d class assignment(s) of the previous run taken back", n)
+        self.restore(containers)
         cycle = self.manager.sync(containers)
         for ch in cycle.changes:
             log.info("%s class of %s: %r -> %r (%s)", ch.controller, ch.container, ch.frm or None,
@@ -103,6 +113,16 @@ class ClassNode:
         for note in cycle.notes:
             log.info("%s", note)
         return list(cycle.errors)
+
+    def restore(self, containers: Sequence[Container]) -> None:
+        """Once, at the first discovery: take back what a previous run applied (classes.json) for
+        the containers still here, so nothing is moved out of its class and back (reads only)."""
+        if self._restored or not self.manager.slots:
+            return
+        self._restored = True
+        n = self.manager.load([c.id for c in containers])
+        if n:
+            log.info("restart: %d class assignment(s) of the previous run taken back", n)
 
     def annotation_problems(self, containers: Sequence[Container]) -> list[str]:
         """Placement annotations (AVX-512, affinity) that do not parse; the planner ignores them
@@ -129,6 +149,9 @@ class ClassNode:
     def reconfigure(self, config: Config) -> None:
         """Classes, annotation keys and QoS defaults follow a reload; `mode` at the next start."""
         for name, slot in self.manager.slots.items():
+            if name == "rdt":
+                slot.rules = rdt_rules(config.resctrl)
+                continue
             section = getattr(config, CONTROLLERS[name][0])
             slot.controller.section = section  # type: ignore[attr-defined]
             slot.rules = section.rules()
