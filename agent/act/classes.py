@@ -85,6 +85,7 @@ class Slot:
     current: dict[str, str | None] = field(default_factory=dict)
     planner: dict[str, str] = field(default_factory=dict)  # "" is the planner's "no class"
     problems: dict[str, str] = field(default_factory=dict)  # container -> the problem reported (its key)
+    stale: set[str] = field(default_factory=set)  # classes whose settings changed: applied again once
 
 
 def usable(controller: ClassController, *, mode: str) -> bool:
@@ -119,6 +120,7 @@ class ClassManager:
                 errors += [err] if err else []
                 notes += nts
             self._prune(slot, {c.id for c in containers})
+            slot.stale = set()
         self._save()
         return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
 
@@ -129,7 +131,7 @@ class ClassManager:
             return None, "", []  # never put in a class by us: left as the runtime made it
         if d.error:  # a bad annotation: the container keeps the class it had
             return None, self._problem(slot, c.id, d.error), []
-        if d.wanted == had and c.id in slot.current and not slot.controller.reapply:
+        if d.wanted == had and c.id in slot.current and not slot.controller.reapply and had not in slot.stale:
             slot.problems.pop(c.id, None)
             return None, "", []
         try:

@@ -147,12 +147,15 @@ class ClassNode:
         self.manager.choose(controller, container, action.to or None)
 
     def reconfigure(self, config: Config) -> None:
-        """Classes, annotation keys and QoS defaults follow a reload; `mode` at the next start."""
+        """Classes, annotation keys and QoS defaults follow a reload (containers in a class whose
+        settings changed get them at the next sync); `mode` at the next start."""
         for name, slot in self.manager.slots.items():
             if name == "rdt":
                 slot.rules = rdt_rules(config.resctrl)
                 continue
             section = getattr(config, CONTROLLERS[name][0])
+            old = slot.controller.section  # type: ignore[attr-defined]
+            slot.stale |= {k for k, v in section.classes.items() if old.classes.get(k, v) != v}
             slot.controller.section = section  # type: ignore[attr-defined]
             slot.rules = section.rules()
         for name, (attr, _) in CONTROLLERS.items():

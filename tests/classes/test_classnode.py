@@ -62,3 +62,21 @@ def test_a_planner_rt_class_action_is_applied_through_the_dispatch(tmp_path, cgf
     if "blockio" not in node.manager.slots:  # no block-I/O classes configured: refused, named
         with pytest.raises(PerfbalanceError, match="blockio classes not in use on this node"):
             dispatch.apply(Action(kind="blockio_class", container="c1", frm="", to="x", reason="t"), c)
+
+
+@pytest.mark.root
+def test_a_reloaded_class_budget_reaches_the_containers_already_in_it(tmp_path, cgfs, cgroups):
+    text = "rt: {{classes: {{audio: {{runtime_us: {a}}}, other: {{runtime_us: 7000}}}}, qos_classes: {{besteffort: audio}}}}"
+    node = ClassNode(config(text.format(a=20000), tmp_path), cgfs)
+    if "rt" not in node.manager.slots:
+        pytest.skip(f"real-time classes unavailable: {node.reasons['rt']}")
+    rel = cgroups.make("reload", ("cpu",))
+    c = Container(id="c1", name="main", pod="p", namespace="ns", cgroup=rel, qos="besteffort")
+    assert node.sync([c]) == []
+    assert cgfs.read_int(rel, "cpu", "cpu.rt_runtime_us") == 20_000
+    node.reconfigure(config(text.format(a=30000), tmp_path))
+    node.sync([c])
+    assert cgfs.read_int(rel, "cpu", "cpu.rt_runtime_us") == 30_000
+    cgfs.write(rel, "cpu", "cpu.rt_runtime_us", "25000")  # control: without a change, nothing is rewritten
+    node.sync([c])
+    assert cgfs.read_int(rel, "cpu", "cpu.rt_runtime_us") == 25_000
