@@ -232,6 +232,7 @@ class Agent:
             applied=tuple(applied), realized=realized, errors=tuple(errors),
             plan_seconds=plan_seconds, collect_seconds=collect_seconds,
             vcpu_map=self.parts.vcpu_map(), vcpu_pinning=self.parts.vcpu_pinning(),
+            classes=self.parts.class_report(snapshot),
         )
 
     def _maybe_reload(self, errors: list[str]) -> None:

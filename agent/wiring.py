@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from agent.act.classnode import ACTION_KINDS, ClassNode
 from agent.act.dispatch import CpusetMoves, Dispatch, RdtMoves
 from agent.act.rdt import RdtNode
 from agent.act.vcpu import VcpuActuator
@@ -62,8 +63,11 @@ class Parts:
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.cpusets = self._make_cpuset_actuator()
+        self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
-                                  "rdt_class": RdtMoves(self.resctrl.apply_class)})
+                                  **dict.fromkeys(ACTION_KINDS, self.classes)})
+        if not self.classes.uses("rdt"):  # no resctrl: the refusal says why (ResctrlError, ENODEV)
+            self.dispatch.actuators["rdt_class"] = RdtMoves(self.resctrl.apply_class)
         self.vms = self._make_vms()
         self.vcpus = VcpuActuator()
         self._vmms: tuple[VmmProcess, ...] = ()
@@ -118,6 +122,7 @@ class Parts:
             log.warning("config changes in %s take effect at the next start of the agent", ", ".join(later))
         old, self.config = self.config, config
         self.resctrl.reconfigure(config)
+        self.classes.reconfigure(config)
         if self.podmeta is not None:
             podmeta.reconfigure(self.podmeta, config)
         self.cpusets.reassert_drift = config.cpuset.reassert_drift
@@ -148,11 +153,13 @@ class Parts:
             return list(self._containers), self.kubelet
         if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
+            errors.extend(self.classes.annotation_problems(containers))
         if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
             found = self.vms.find(containers)
             errors.extend(found.errors)
             self._vmms = found.vmms
             containers = mark_sandboxed(containers, {v.pod for v in found.vmms})
+        self.classes.restore(containers)  # first discovery only: the previous run's classes
         containers = self.resctrl.label(containers)
         self.cpusets.update(kubelet=self.kubelet, reserved=self.unusable_cpus(), containers=containers)
         self._containers = containers
@@ -203,7 +210,8 @@ class Parts:
         if n:
             with state.lock:
                 state.drift_reasserted_total += n
-        errors.extend(self.resctrl.maintain(containers))
+        errors.extend(self.classes.sync(containers))  # RDT, block-I/O and real-time classes
+        errors.extend(self.resctrl.maintain(containers))  # RDT: new threads into the class set
         with state.lock:
             state.extra.update(self.resctrl.extra())
         if self.vms is not None:
@@ -211,6 +219,10 @@ class Parts:
             errors.extend(f"pod {p.pod}: {why}" for p in pinning for why in p.problems)
             self._vm_notes = log_new_notes(pinning, self._vm_notes)
         return errors
+
+    def class_report(self, snapshot: Snapshot) -> dict[str, Any]:
+        """Classes per container and per controller, for the cycle's report."""
+        return self.classes.report([s.container for s in snapshot.containers])
 
     def vmms(self) -> tuple[VmmProcess, ...]:
         """The VMMs this cycle's discovery found (for `Snapshot.vmms`)."""

@@ -58,4 +58,5 @@ class CollectorsConfig:
     perf: PerfConfig = setting(factory=PerfConfig, doc="")
     runqlat: RunqlatConfig = setting(factory=RunqlatConfig, doc="")
     cgroup_stats: bool = setting(True, "CPU usage, throttling and PSI from cgroupfs.")
+    iostat: bool = setting(True, "Block-I/O bytes and operations per second per container from cgroupfs (v1 blkio.throttle.*_recursive, v2 io.stat).")
     resctrl_monitoring: bool = setting(True, "Per-container resctrl monitoring groups (LLC occupancy, MBM) when resctrl is mounted.")

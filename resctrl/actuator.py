@@ -29,13 +29,19 @@ class SweepReport:
 
 
 class ResctrlActuator:
-    def __init__(self, *, manager: ResctrlManager) -> None:
+    def __init__(self, *, manager: ResctrlManager, decides: bool = True) -> None:
+        """`decides` False: the class of every container is set from outside through
+        `apply_class` (the agent's class mechanism, agent/act/classes.py); the sweep keeps each
+        container in the class set last and leaves the others where they are."""
         self.manager = manager
+        self.decides = decides
         self.overrides: dict[str, str | None] = {}
 
     def effective_class(self, container: Container) -> tuple[str | None, str]:
         if container.id in self.overrides:
-            return self.overrides[container.id], "planner"
+            return self.overrides[container.id], "planner" if self.decides else "class set"
+        if not self.decides:
+            return None, "no class set yet"
         return self.manager.resolution.class_for(container)
 
     def apply_class(self, container: Container, class_name: str | None, tids: Iterable[int]) -> MoveResult:

@@ -119,7 +119,9 @@ class BlockIoController:
                  sysfs_root: str = "/sys") -> None:
         self.section, self.cgfs = section, cgroupfs
         self.dev_root, self.sysfs_root = dev_root, sysfs_root
-        self.v2 = cgroupfs.has("io") and not cgroupfs.has("blkio")
+        # controllers(), not has(): on a v2-only host has() answers for any name (core files)
+        names = cgroupfs.controllers()
+        self.v2 = "io" in names and "blkio" not in names
         self.controller = "io" if self.v2 else "blkio"
         self.applied: dict[str, tuple[str | None, Limits, int]] = {}  # cid -> (class, limits, weight)
         self._resolved: dict[str, Resolved] = {}
@@ -131,7 +133,8 @@ class BlockIoController:
     # -- what the node offers ----------------------------------------------------------------
     def unavailable(self) -> str:
         """Why block-I/O classes cannot be used here ("" when they can)."""
-        if not self.cgfs.has("blkio") and not self.cgfs.has("io"):
+        names = self.cgfs.controllers()
+        if "blkio" not in names and "io" not in names:
             return f"neither the blkio (v1) nor the io (v2) controller is mounted under {self.cgfs.root}"
         if self.v2 and self.cgfs.hierarchy("io").version != 2:
             return "io controller not in the v2 hierarchy"

@@ -84,7 +84,8 @@ class Slot:
     rules: ClassRules
     current: dict[str, str | None] = field(default_factory=dict)
     planner: dict[str, str] = field(default_factory=dict)  # "" is the planner's "no class"
-    problems: dict[str, str] = field(default_factory=dict)  # container -> the problem reported
+    problems: dict[str, str] = field(default_factory=dict)  # container -> the problem reported (its key)
+    stale: set[str] = field(default_factory=set)  # classes whose settings changed: applied again once
 
 
 def usable(controller: ClassController, *, mode: str) -> bool:
@@ -119,6 +120,7 @@ class ClassManager:
                 errors += [err] if err else []
                 notes += nts
             self._prune(slot, {c.id for c in containers})
+            slot.stale = set()
         self._save()
         return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
 
@@ -129,7 +131,7 @@ class ClassManager:
             return None, "", []  # never put in a class by us: left as the runtime made it
         if d.error:  # a bad annotation: the container keeps the class it had
             return None, self._problem(slot, c.id, d.error), []
-        if d.wanted == had and c.id in slot.current and not slot.controller.reapply:
+        if d.wanted == had and c.id in slot.current and not slot.controller.reapply and had not in slot.stale:
             slot.problems.pop(c.id, None)
             return None, "", []
         try:
@@ -137,7 +139,10 @@ class ClassManager:
         except ContainerGone:
             return None, "", []
         except PerfbalanceError as e:  # refused: the container keeps the class it had
-            return None, self._problem(slot, c.id, f"{e} (keeps class {had or 'none'!r}; chosen by {d.source})"), []
+            text = f"{e} (keeps class {had or 'none'!r}; chosen by {d.source})"
+            # Once per refused choice, not per wording: the reason may change from cycle to
+            # cycle (what the parents hold), the choice is still refused.
+            return None, self._problem(slot, c.id, text, key=f"refused {d.wanted!r} by {d.source}"), []
         slot.problems.pop(c.id, None)
         slot.current[c.id] = d.wanted
         if d.wanted == had:
@@ -145,10 +150,11 @@ class ClassManager:
         return (Change(controller=slot.controller.name, container=c.id, frm=had or "", to=d.wanted or "",
                        source=d.source), "", notes)
 
-    def _problem(self, slot: Slot, cid: str, text: str) -> str:
-        if slot.problems.get(cid) == text:
+    def _problem(self, slot: Slot, cid: str, text: str, *, key: str = "") -> str:
+        key = key or text
+        if slot.problems.get(cid) == key:
             return ""  # said once; it stays in problems (and the metrics) until it is gone
-        slot.problems[cid] = text
+        slot.problems[cid] = key
         self.errors_total[slot.controller.name] += 1
         log.warning("%s", text)
         return text

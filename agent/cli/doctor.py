@@ -1,6 +1,6 @@
 """`perfbalance doctor`: what this node offers and what the agent will use, and why not.
 
-Each section (kernel, bpf, perf, avx512, resctrl, cgroup, kubelet, config) answers `available`
+Each section (kernel, bpf, perf, avx512, resctrl, blockio, rt, cgroup, kubelet, config) answers `available`
 and `reason`, plus the details a platform engineer needs to fix it. Doctor never raises on a
 missing feature and never changes the node, except that it may mount tracefs (as the agent
 does) when `--mount-tracefs` is given.
@@ -23,7 +23,7 @@ from perfbalance.host import HostPaths
 from perfbalance.safefs import read_text
 from perfbalance.settings import to_dict
 
-SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "cgroup", "kubelet", "config")
+SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "blockio", "rt", "cgroup", "kubelet", "config")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,6 +94,17 @@ def resctrl(host: HostPaths) -> dict[str, Any]:
     return {"available": True, "reason": f"mounted at {mount.path}", "info": to_dict(info)}
 
 
+def class_controllers(config: Config) -> dict[str, dict[str, Any]]:
+    """Block-I/O and real-time classes: whether the node offers each controller, and why not."""
+    from agent.act.classnode import CONTROLLERS, availability
+    from perfbalance.cgroupfs import Cgroupfs
+
+    try:
+        return availability(config, Cgroupfs(root=config.host.cgroup_root))
+    except Exception as e:  # doctor must report, not crash
+        return {name: {"available": False, "reason": f"probe failed: {type(e).__name__}: {e}"} for name in CONTROLLERS}
+
+
 def cgroup(host: HostPaths) -> dict[str, Any]:
     from perfbalance.cgroupfs import Cgroupfs
 
@@ -132,6 +143,7 @@ def report(config: Config, *, config_error: str = "", mount_tracefs: bool = Fals
         "perf": _guard(lambda: perf(bpf)),
         "avx512": _guard(lambda: avx512(host, bpf)),
         "resctrl": _guard(lambda: resctrl(host)),
+        **class_controllers(config),
         "cgroup": _guard(lambda: cgroup(host)),
         "kubelet": _guard(lambda: kubelet(host)),
         "config": _guard(lambda: config_status(config, config_error)),

@@ -21,6 +21,7 @@ import yaml
 from agent.config.status import StatusSection
 from collectors.config import CollectorsConfig
 from perfbalance.cgroupfs import check_glob
+from perfbalance.classes import BlockIoSection, RtSection
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ParseError
 from perfbalance.settings import build, setting
@@ -57,6 +58,7 @@ class HostSection:
     tracefs_root: str = setting("/sys/kernel/tracing", "tracefs mount point (mounted by the agent if missing).")
     modules_root: str = setting("/lib/modules", "Kernel modules/headers directory of the host.")
     headers_search: tuple[str, ...] = setting(factory=lambda: ("/usr/src",), doc="Where packaged kernel headers may be found.")
+    dev_root: str = setting("/dev", "Where the host's device nodes are (block-I/O class device paths and globs are resolved here).")
 
 
 def _globs(value: Any) -> str | None:
@@ -190,6 +192,8 @@ class Config:
     metrics: MetricsSection = setting(factory=MetricsSection)
     mqtt: MqttSection = setting(factory=MqttSection)
     vm: VmSection = setting(factory=VmSection)
+    blockio: BlockIoSection = setting(factory=BlockIoSection, doc="Block-I/O classes (docs/classes.md).")
+    rt: RtSection = setting(factory=RtSection, doc="Real-time classes (docs/classes.md).")
 
 
 def node_name() -> str:

@@ -252,7 +252,7 @@ def enrich_one(c: Container, pod: PodInfo, options: EnrichOptions) -> Container:
     annotations = {**c.annotations, **pick_annotations(pod.annotations, options)}
     return replace(
         c, name=pod.containers.get(c.id, c.name), namespace=pod.namespace, pod=pod.name,
-        annotations=annotations,
+        annotations=annotations, labels=dict(pod.labels) or c.labels,
         qos=pod.qos if c.qos == "unknown" and pod.qos else c.qos,
         sandbox=sandbox_of(pod, options) or c.sandbox,
     )
@@ -498,9 +498,10 @@ class PodMetadata:
 # ---------------------------------------------------------------------------------------------
 
 def options_from_config(config: Config) -> EnrichOptions:
-    """Enrich options; the resctrl class annotation is always let through."""
+    """Enrich options; the class annotations (resctrl, block I/O, real time) are always let through."""
     k = config.kubernetes
-    prefixes = tuple(dict.fromkeys((*k.annotation_prefixes, config.resctrl.annotation)))
+    class_keys = (config.resctrl.annotation, config.blockio.annotation, config.rt.annotation)
+    prefixes = tuple(dict.fromkeys((*k.annotation_prefixes, *class_keys)))
     return EnrichOptions(annotation_prefixes=prefixes,
                          max_annotation_value_bytes=k.annotation_max_value_bytes,
                          kata_runtime_classes=k.kata_runtime_classes)

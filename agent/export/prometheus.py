@@ -59,6 +59,10 @@ CONTAINER_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("memory_bandwidth_bytes_per_second", "memory_bandwidth_bytes_per_second", "Memory bandwidth in the last window (MBM, or LLC misses x 64 B when estimated)."),
     ("memory_bandwidth_estimated", "memory_bandwidth_estimated", "1 when memory bandwidth is estimated from LLC misses rather than measured by MBM."),
     ("memory_bandwidth_bytes_per_instruction", "bytes_per_instruction", "Memory bandwidth / instructions retired in the last window, bytes per instruction."),
+    ("io_read_bytes_per_second", "io_read_bytes_per_second", "Block-I/O bytes read per second in the last window (blkio/io stats)."),
+    ("io_write_bytes_per_second", "io_write_bytes_per_second", "Block-I/O bytes written per second in the last window."),
+    ("io_read_ops_per_second", "io_read_ops_per_second", "Block-I/O read operations per second in the last window."),
+    ("io_write_ops_per_second", "io_write_ops_per_second", "Block-I/O write operations per second in the last window."),
 )
 
 
@@ -313,6 +317,24 @@ def _cycle_families(report: CycleReport, extra: Mapping[str, Any]) -> Iterator[M
         up.add_metric([label_value(name)], float(status.up))
     yield up
     yield from _resctrl_families(snap, extra)
+    yield from _class_families(report)
+
+
+def _class_families(report: CycleReport) -> Iterator[Metric]:
+    """Block-I/O and real-time classes (CycleReport.classes, agent/act/classnode.py)."""
+    controllers: Mapping[str, Mapping[str, Any]] = report.classes.get("controllers") or {}
+    used = _gauge("perfbalance_class_controller_used", "1 when the class controller is used on this node (doctor says why not).", labels=["controller"])
+    members = _gauge("perfbalance_class_containers", "Containers in a class of a controller (class \"\": taken out of a class by us).", labels=["controller", "class"])
+    problems = _gauge("perfbalance_class_problems", "Containers whose wanted class is refused now (bad annotation, bad device, budget); they keep their previous class.", labels=["controller"])
+    refusals = _counter("perfbalance_class_refusals", "Class problems reported (each once while it lasts).", labels=["controller"])
+    for name, c in sorted(controllers.items()):
+        used.add_metric([label_value(name)], float(bool(c.get("used"))))
+        for cls, n in sorted((c.get("containers") or {}).items()):
+            members.add_metric([label_value(name), label_value(cls)], float(n))
+        if c.get("used"):
+            problems.add_metric([label_value(name)], float(c.get("problems", 0)))
+            refusals.add_metric([label_value(name)], float(c.get("errors_total", 0)))
+    yield from (used, members, problems, refusals)
 
 
 def _resctrl_families(snap: Snapshot, extra: Mapping[str, Any]) -> Iterator[Metric]:
@@ -360,6 +382,7 @@ def _container_families(report: CycleReport, view: Mapping[str, Any]) -> Iterato
                 fam.add_metric(list(ident), s.metrics[key])
         yield fam
     yield _info(samples)
+    yield _class_info(samples, report.classes.get("containers") or {})
     yield _contamination(samples, report.contamination)
     yield from _decision_families(samples, view)
 
@@ -422,6 +445,16 @@ def _info(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]]) -> Ga
                  labels=[*ID, "class", "cpuset", "qos"])
     for ident, s in samples:
         fam.add_metric([*ident, label_value(rdt_class(s)), label_value(s.container.cpuset), s.container.qos], 1)
+    return fam
+
+
+def _class_info(samples: Sequence[tuple[tuple[str, str, str], ContainerSample]],
+                classes: Mapping[str, Mapping[str, str]]) -> GaugeMetricFamily:
+    fam = _gauge("perfbalance_container_class_info", "The container's class per class controller (block I/O, real time; always 1).",
+                 labels=[*ID, "controller", "class"])
+    for ident, s in samples:
+        for controller, cls in sorted(classes.get(s.id, {}).items()):
+            fam.add_metric([*ident, label_value(controller), label_value(cls)], 1)
     return fam
 
 

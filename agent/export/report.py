@@ -123,6 +123,7 @@ class CycleReport:
     collect_seconds: float = 0.0
     vcpu_map: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # container -> host cpu -> vcpu
     vcpu_pinning: tuple[VcpuPinning, ...] = ()  # applied VMM thread pinnings (guest NUMA, hugepages)
+    classes: Mapping[str, Any] = field(default_factory=dict)  # block-I/O/real-time classes (agent/act/classnode.py)
     # container id -> AVX-512 contamination ratio, derived from the snapshot once, when the report is built
     contamination: Mapping[str, float] = field(init=False, repr=False, compare=False)
 
@@ -135,12 +136,14 @@ class CycleReport:
         return {
             "cycle": self.cycle, "time": self.time, "node": snap["node"], "window": snap["window"],
             "containers": snap["containers"], "plan": self.plan.to_json(),
+            "considered": [dict(c) for c in self.plan.considered],
             "applied": [a.to_json() for a in self.applied], "errors": list(self.errors),
             "collectors": snap["collectors"], "topology": snap["topology"],
             "kubelet": snap["kubelet"], "reserved": snap["reserved"],
             "node_metrics": snap["node_metrics"],
             "vcpu_map": {c: {str(h): v for h, v in m.items()} for c, m in self.vcpu_map.items()},
             "vm_sandboxes": {p.pod: p.to_json() for p in self.vcpu_pinning},
+            "classes": dict(self.classes),
             **({"vmms": snap["vmms"]} if "vmms" in snap else {}),
         }
 

@@ -12,6 +12,7 @@ from collectors.avx512 import Avx512Collector
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
+from collectors.iostat import IoStatCollector
 from collectors.perf import make_collector as make_perf_collector
 from perfbalance.host import HostPaths
 from perfbalance.topology import Topology
@@ -21,6 +22,7 @@ def make_collectors(config: Config, host: HostPaths, cgfs: Cgroupfs, topology: T
     c = config.collectors
     return [
         CgroupStatsCollector(cgroupfs=cgfs, enabled=c.cgroup_stats),
+        IoStatCollector(cgroupfs=cgfs, enabled=c.iostat),
         Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs),
         make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs),
     ]

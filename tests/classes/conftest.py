@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ import pytest
 
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.errors import PerfbalanceError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "podmeta"))
+from podmeta_api import api, certs, token_file  # noqa: E402,F401 (fixtures: the HTTPS stand-in API server)
 
 
 @pytest.fixture

@@ -244,7 +244,14 @@ def full_exposition() -> str:
                           guest_numa=(GuestNode(id=0, vcpus=CpuSet([1, 2]), host_node=0, host_cpus=CpuSet([2, 3]),
                                                 hugepages=2, memory_bytes=4 << 20),),
                           hugepages=(PodHugepages(page_size_bytes=2 << 20, total=2, per_node={0: 2}),))
-    st = s.state(dataclasses.replace(s.report(), vcpu_map={"c-web": {2: 1, 3: 2}}, vcpu_pinning=(pinning,)))
+    io = {"io_read_bytes_per_second": 1e6, "io_write_bytes_per_second": 2e6, "io_read_ops_per_second": 10.0,
+          "io_write_ops_per_second": 20.0}
+    web = dataclasses.replace(s.WEB, metrics={**s.WEB.metrics, **io})
+    classes = {"controllers": {"blockio": {"used": True, "reason": "", "containers": {"slow": 1}, "problems": 1,
+                                           "errors_total": 2}},
+               "containers": {"c-web": {"blockio": "slow"}}}
+    st = s.state(dataclasses.replace(s.report((s.TRAINER, web, s.DB)), vcpu_map={"c-web": {2: 1, 3: 2}},
+                                     vcpu_pinning=(pinning,), classes=classes))
     st.extra["mqtt"] = {"configured": 1}
     st.extra["resctrl_classes"] = {"gold": ClassUsage(llc_occupancy_bytes=4e6, mbm_total_bytes_total=1e9,
                                                       mbm_local_bytes_total=8e8)}

@@ -1,0 +1,180 @@
+"""The class controllers of one agent: which are used on this node, and their one ClassManager.
+
+agent/act/classes.py is the mechanism (decide once per cycle, apply, keep the previous class on
+a refusal, checkpoint); this module is its wiring, kept apart so agent/wiring.py only holds it:
+each configured controller (block I/O, real time; RDT from the agent's RdtNode) is built from
+its config section, the
+tri-state `mode` decides whether it is used (`off` never, `auto` when the node offers it, `on`
+or startup fails with the reason), the checkpoint of a previous run is taken back before the
+first sync, and the cycle's classes per container and per-controller counts are given to the
+report. Adding a controller is a module implementing ClassController, a config section, and one
+entry in CONTROLLERS below.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.act.blockio import BlockIoController
+from agent.act.classes import ClassController, ClassManager, Slot, usable
+from agent.act.rdt import RdtClasses, RdtNode, rdt_rules
+from agent.act.rt import RtController
+from agent.config import Config
+from perfbalance.cgroupfs import Cgroupfs
+from perfbalance.errors import PerfbalanceError
+from perfbalance.hints import problems as hint_problems
+from perfbalance.model import Action, Container
+
+log = logging.getLogger("perfbalance.classes")
+
+Build = Callable[[Config, Cgroupfs], ClassController]
+
+# controller name -> (config section attribute, how to build it on this node)
+CONTROLLERS: dict[str, tuple[str, Build]] = {
+    "blockio": ("blockio", lambda cfg, fs: BlockIoController(section=cfg.blockio, cgroupfs=fs,
+                                                             dev_root=cfg.host.dev_root,
+                                                             sysfs_root=cfg.host.sysfs_root)),
+    "rt": ("rt", lambda cfg, fs: RtController(section=cfg.rt, cgroupfs=fs)),
+}
+
+# The planner's action kinds that choose a class, by controller (agent/act/dispatch.py). RDT
+# (resctrl, its own section and tri-state `resctrl.rdt`) is a controller of the same mechanism,
+# built from the agent's RdtNode.
+ACTION_KINDS = {f"{name}_class": name for name in (*CONTROLLERS, "rdt")}
+
+
+def availability(config: Config, cgfs: Cgroupfs) -> dict[str, dict[str, Any]]:
+    """Per controller: whether this node offers it and why not (for `perfbalance doctor`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (attr, build) in CONTROLLERS.items():
+        section = getattr(config, attr)
+        why = build(config, cgfs).unavailable()
+        out[name] = {"available": not why, "mode": section.mode, "classes": sorted(section.classes),
+                     "reason": why or _used_reason(section.mode, len(section.classes))}
+    return out
+
+
+def _used_reason(mode: str, classes: int) -> str:
+    if mode == "off":
+        return "available; not used (mode: off)"
+    return f"available; {classes} class(es) configured" if classes else "available; no classes configured"
+
+
+class ClassNode:
+    """Every class controller the agent uses on this node, behind one ClassManager."""
+
+    def __init__(self, config: Config, cgfs: Cgroupfs, *, rdt: RdtNode | None = None) -> None:
+        self.config = config
+        self.reasons: dict[str, str] = {}  # controller -> why not used ("" when used)
+        slots = [slot for name in CONTROLLERS if (slot := self._slot(name, config, cgfs)) is not None]
+        if rdt is not None:
+            slots += self._rdt_slot(rdt)
+        self.manager = ClassManager(slots, run_dir=config.agent.run_dir)
+        self._restored = False
+        # (container, line) of placement annotations that do not parse: in a report / pending / logged
+        self._hint_reported: set[tuple[str, str]] = set()
+        self._hint_pending: set[tuple[str, str]] = set()
+        self._hint_logged: set[tuple[str, str]] = set()
+
+    def _slot(self, name: str, config: Config, cgfs: Cgroupfs) -> Slot | None:
+        attr, build = CONTROLLERS[name]
+        section = getattr(config, attr)
+        controller = build(config, cgfs)
+        if not usable(controller, mode=section.mode):  # `on` and unusable: ClassesUnavailable
+            self.reasons[name] = "mode: off" if section.mode == "off" else controller.unavailable()
+            return None
+        if not section.classes and section.mode == "auto":
+            self.reasons[name] = "no classes configured"
+            return None
+        self.reasons[name] = ""
+        log.info("%s classes in use: %s", name, ", ".join(sorted(section.classes)) or "none")
+        return Slot(controller=controller, rules=section.rules())
+
+    def _rdt_slot(self, rdt: RdtNode) -> list[Slot]:
+        controller = RdtClasses(rdt)
+        self.reasons["rdt"] = controller.unavailable()
+        return [] if self.reasons["rdt"] else [Slot(controller=controller, rules=rdt.rules)]
+
+    def uses(self, controller: str) -> bool:
+        return controller in self.manager.slots
+
+    # -- per cycle ------------------------------------------------------------------------------
+    def sync(self, containers: Sequence[Container]) -> list[str]:
+        """Decide and apply every container's classes; the new problems, one line each."""
+        if not self.manager.slots:
+            return []
+        self.restore(containers)
+        cycle = self.manager.sync(containers)
+        for ch in cycle.changes:
+            log.info("%s class of %s: %r -> %r (%s)", ch.controller, ch.container, ch.frm or None,
+                     ch.to or None, ch.source)
+        for note in cycle.notes:
+            log.info("%s", note)
+        return list(cycle.errors)
+
+    def restore(self, containers: Sequence[Container]) -> None:
+        """Once, at the first discovery: take back what a previous run applied (classes.json) for
+        the containers still here, so nothing is moved out of its class and back (reads only)."""
+        if self._restored or not self.manager.slots:
+            return
+        self._restored = True
+        n = self.manager.load([c.id for c in containers])
+        if n:
+            log.info("restart: %d class assignment(s) of the previous run taken back", n)
+
+    def annotation_problems(self, containers: Sequence[Container]) -> list[str]:
+        """Placement annotations (AVX-512, affinity) that do not parse; the planner ignores them
+        (perfbalance.hints). Each is returned until a cycle's report carried it (`report()`), so
+        one found by the agent's priming discovery, whose errors go nowhere, is not lost."""
+        keys = self.config.rebalancer.hint_keys()
+        now = {(c.id, line) for c in containers for line in hint_problems(c, keys)}
+        self._hint_reported &= now  # a problem gone and back is reported again
+        self._hint_pending = now - self._hint_reported
+        for _, line in sorted(self._hint_pending - self._hint_logged, key=lambda p: p[1]):
+            log.warning("%s", line)
+        self._hint_logged = (self._hint_logged & now) | self._hint_pending
+        return [line for _, line in sorted(self._hint_pending, key=lambda p: p[1])]
+
+    def apply(self, action: Action, container: Container) -> None:
+        """The Actuator of the planner's class actions (agent/act/dispatch.py): an action of kind
+        `<controller>_class` (target: a configured class, "" none)."""
+        controller = ACTION_KINDS.get(action.undoes if action.kind == "rollback" else action.kind, "")
+        if controller not in self.manager.slots:
+            raise PerfbalanceError(f"{action.kind} of {container.id}: {controller or action.kind} classes "
+                                   f"not in use on this node ({self.reasons.get(controller, 'unknown')})")
+        self.manager.choose(controller, container, action.to or None)
+
+    def reconfigure(self, config: Config) -> None:
+        """Classes, annotation keys and QoS defaults follow a reload (containers in a class whose
+        settings changed get them at the next sync); `mode` at the next start."""
+        for name, slot in self.manager.slots.items():
+            if name == "rdt":
+                slot.rules = rdt_rules(config.resctrl)
+                continue
+            section = getattr(config, CONTROLLERS[name][0])
+            old = slot.controller.section  # type: ignore[attr-defined]
+            slot.stale |= {k for k, v in section.classes.items() if old.classes.get(k, v) != v}
+            slot.controller.section = section  # type: ignore[attr-defined]
+            slot.rules = section.rules()
+        for name, (attr, _) in CONTROLLERS.items():
+            if getattr(config, attr).mode != getattr(self.config, attr).mode:
+                log.warning("config change of %s.mode takes effect at the next start of the agent", attr)
+        self.config = config
+
+    # -- what the report reads --------------------------------------------------------------------
+    def report(self, containers: Sequence[Container]) -> dict[str, Any]:
+        """{"controllers": {name: {used, reason, containers per class, problems, errors_total}},
+        "containers": {id: {controller: class}}} (docs/run-json.md)."""
+        self._hint_reported |= self._hint_pending  # this cycle's errors carry them
+        self._hint_pending = set()
+        summary = self.manager.summary()
+        controllers = {name: {"used": not why, "reason": why, **summary.get(name, {})}
+                       for name, why in self.reasons.items()}
+        per: dict[str, dict[str, str]] = {}
+        for c in containers:
+            got = {n: cls for n in self.manager.slots if (cls := self.manager.class_of(n, c.id))}
+            if got:
+                per[c.id] = got
+        return {"controllers": controllers, "containers": per}
