@@ -166,11 +166,16 @@ def config_status(config: Config, file_error: str) -> dict[str, Any]:
         return out
     if not isinstance(running, dict):  # not what the agent writes: as unreadable
         return out
+    pid = running.get("pid")
+    if not (isinstance(pid, int) and pid > 0 and os.path.isdir(os.path.join(config.host.procfs_root, str(pid)))):
+        out["stale_agent_status"] = running  # left by an agent that is gone: not the running one's
+        return out
     out["running_agent"] = running
     if not running.get("valid", True):
         out["available"] = False
-        out["reason"] = (f"the running agent (pid {running.get('pid')}) rejected its config and keeps "
-                         f"the last good one: {running.get('error')}")
+        said = (f"the running agent (pid {pid}) rejected its config and keeps "
+                f"the last good one: {running.get('error')}")
+        out["reason"] = f"{file_error}; {said}" if file_error else said
     return out
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 import yaml
@@ -94,8 +96,21 @@ def _status_section(tmp_path, text: str) -> dict:
 
 
 def test_running_agent_rejection_is_read_from_its_status_file(tmp_path):
-    out = _status_section(tmp_path, json.dumps({"valid": False, "pid": 7, "error": "mqtt.port: 99999"}))
-    assert not out["available"] and "pid 7" in out["reason"] and "mqtt.port: 99999" in out["reason"]
+    pid = os.getpid()  # a live process stands for the running agent
+    out = _status_section(tmp_path, json.dumps({"valid": False, "pid": pid, "error": "mqtt.port: 99999"}))
+    assert not out["available"] and f"pid {pid}" in out["reason"] and "mqtt.port: 99999" in out["reason"]
+
+
+def test_a_status_left_by_an_agent_that_is_gone_is_not_the_running_ones(tmp_path):
+    dead = _dead_pid()
+    out = _status_section(tmp_path, json.dumps({"valid": False, "pid": dead, "error": "mqtt.port: 99999"}))
+    assert out["available"] and out["reason"] == "valid" and out["stale_agent_status"]["pid"] == dead
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"valid"', json.dumps({"valid": False, "pad": "x" * (1 << 16)})])
