@@ -24,6 +24,7 @@ from agent.discover.sysfs import read_topology
 from agent.discover.vmm import VmmDiscovery
 from agent.export.report import AgentState
 from agent.nri.metadata import pod_infos
+from agent.nri.model import Placement
 from agent.nri.runtime import ACTUATION_STATUS_FILE, NriRuntime, NriSettings, write_status
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
@@ -64,7 +65,9 @@ class Parts:
         self.resctrl = self._make_resctrl()
         self._make_collectors()
         self.nri = NriRuntime(NriSettings.from_config(config.runtime),
-                              kubelet=KubeletStateReader(config.host.kubelet_root).read)
+                              kubelet=KubeletStateReader(config.host.kubelet_root).read,
+                              applied=lambda: {cid: Placement(cpus=str(cpus), mems=str(mems))
+                                               for cid, (_, cpus, mems) in self.cpusets.applied().items()})
         self._actuation_written: dict[str, object] = {}
         self.cpusets = self._make_cpuset_actuator()
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),

@@ -47,10 +47,12 @@ class NriSettings:
 
 class NriRuntime:
     def __init__(self, settings: NriSettings, *, kubelet: Callable[[], KubeletState],
-                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "") -> None:
+                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "",
+                 applied: Callable[[], Mapping[str, Placement]] = dict) -> None:
         self.settings = settings
         self._snapshot: Snapshot | None = None
-        self.policy = AdmitPolicy(snapshot=lambda: self._snapshot, kubelet=kubelet, rdt_class=rdt_class)
+        self.policy = AdmitPolicy(snapshot=lambda: self._snapshot, kubelet=kubelet, rdt_class=rdt_class,
+                                  applied=applied)
         self._client: NriClient | None = None
         self._started = False
         self.problem = ""
