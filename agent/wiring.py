@@ -143,9 +143,9 @@ class Parts:
         """Which path moves take now (nri or cgroupfs) and why: for the report, the metrics and
         (through <run_dir>/actuation-status.json, written on change) `perfbalance doctor`."""
         status = self.nri.status()
-        if status != self._actuation_written:
+        if status != self._actuation_written and \
+                write_status(os.path.join(self.config.agent.run_dir, ACTUATION_STATUS_FILE), status):
             self._actuation_written = status
-            write_status(os.path.join(self.config.agent.run_dir, ACTUATION_STATUS_FILE), status)
         return status
 
     # -- per cycle --------------------------------------------------------------------------

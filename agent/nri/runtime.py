@@ -126,9 +126,11 @@ class NriRuntime:
                 "api": f"nri.pkg.api.v1alpha1 (containerd/nri {NRI_VERSION})"}
 
 
-def write_status(path: str, status: Mapping[str, object]) -> None:
+def write_status(path: str, status: Mapping[str, object]) -> bool:
     """The running agent's actuation path for `perfbalance doctor`; a failed write is logged."""
     try:
         write_atomic(path, json.dumps({"pid": os.getpid(), "time": time.time(), **status}))
     except OSError as e:
         log.warning("cannot write %s: %s", path, e.strerror)
+        return False
+    return True

@@ -15,6 +15,8 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,11 +29,11 @@ from prometheus_client import generate_latest
 from agent.config import load_config
 from agent.export.prometheus import make_registry
 from agent.loop import Agent
-from containerd_env import remove_cgroups
 from perfbalance.model import Action, Plan
 from rebalancer.planner import POLICY as COSTMODEL
 from test_containerd_plugin import allowed
-from tests.node.agentproc import free_port, write_config
+from tests.node.agentproc import PERFBALANCE, LiveAgent, free_port, write_config
+from tests.node.containerd import remove_cgroups
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -83,7 +85,10 @@ class Script:
 def top() -> Iterator[str]:
     name = f"pbnri-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     yield name
-    remove_cgroups(name)
+    # only under this session's own cgroup of each hierarchy, where runc put them (a walk of the
+    # whole tree races other sessions' cgroups coming and going)
+    left = remove_cgroups(name)
+    assert not left, f"cgroups left behind: {left}"
 
 
 @pytest.fixture
@@ -105,6 +110,7 @@ def kube(containerd, top: str) -> Iterator[Any]:  # type: ignore[no-untyped-def]
 def agent_for(tmp_path: Path, containerd: Any, *, nri: str, reserved: str, script: Script,
               monkeypatch: pytest.MonkeyPatch) -> Agent:
     (tmp_path / "kubelet").mkdir()  # no cpu_manager_state: the CPU manager's "none" policy
+    (tmp_path / "run").mkdir()  # `perfbalance run` makes it (with its lock); Agent alone does not
     cfg = write_config(tmp_path / "config.yaml", run_dir=tmp_path / "run", port=free_port(), extra={
         "agent": {"interval_seconds": 0.5},
         "host": {"kubelet_root": str(tmp_path / "kubelet")},
@@ -140,6 +146,14 @@ def exposition(agent: Agent) -> str:
     return generate_latest(make_registry(agent.state)).decode()
 
 
+def doctor(agent: Agent) -> dict[str, Any]:
+    """`perfbalance doctor --json`'s runtime section, with the running agent's config."""
+    res = subprocess.run([PERFBALANCE, "doctor", "--json", "--config", str(agent.config_path)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "NODE_NAME": "node-test"})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["runtime"]  # type: ignore[no-any-return]
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
@@ -164,8 +178,10 @@ def test_agent_places_moves_and_names_containers_through_nri(containerd, kube, t
     seen: dict[str, Any] = {}
 
     def connected(r: dict[str, Any]) -> Callable[..., Any]:
-        if not r["actuation"]["connected"]:
-            return connected
+        # the session may come up mid-cycle, after that cycle's discovery: names from the next
+        return named if r["actuation"]["connected"] else connected
+
+    def named(r: dict[str, Any]) -> Callable[..., Any]:
         a = r["actuation"]
         assert a["path"] == "nri" and a["sessions"] == 1 and a["runtime"].startswith("containerd 1.7"), a
         c = container(r, pre)  # names from the runtime: kubernetes.api is off, no API server here
@@ -193,6 +209,8 @@ def test_agent_places_moves_and_names_containers_through_nri(containerd, kube, t
     def kept(r: dict[str, Any]) -> None:
         assert allowed(pre_pid) == "1"  # the runtime kept the move: no drift, nothing re-asserted
         assert agent.state.drift_reasserted_total == 0 and not r["errors"], r["errors"]
+        rt = doctor(agent)
+        assert rt["available"] and rt["path"] == "nri" and rt["running_agent"]["pid"] == os.getpid(), rt
         script.done = True
 
     script.step = connected
@@ -228,10 +246,74 @@ def test_with_nri_off_the_same_moves_are_cgroupfs_writes(containerd, kube, tmp_p
 
     def reasserted(r: dict[str, Any]) -> None:
         assert agent.state.drift_reasserted_total == 1 and allowed(pre_pid) == "1"
+        rt = doctor(agent)
+        assert not rt["available"] and rt["path"] == "cgroupfs" and "runtime.nri is off" in rt["reason"], rt
         script.done = True
 
     script.step = first
     run(agent, script)
+
+
+def test_a_move_the_runtime_refuses_is_an_error_and_backs_off(containerd, kube, tmp_path, monkeypatch):
+    pre, pre_pid = pre_pod(kube)
+    other, other_pid = pre_pod(kube)
+    script = Script()
+    agent = agent_for(tmp_path, containerd, nri="on", reserved="", script=script, monkeypatch=monkeypatch)
+
+    def connected(r: dict[str, Any]) -> Callable[..., Any]:
+        if not r["actuation"]["connected"]:
+            return connected
+        # narrow the pod's cgroup to CPU 0: runc cannot give its container CPU 1 (cpuset v1:
+        # a child's CPUs must be within its parent's), so the runtime's update fails
+        kube.update_cpuset(pre, "0")
+        pod_cgroup = Path("/sys/fs/cgroup/cpuset") / container(r, pre)["cgroup"].rsplit("/", 1)[0]
+        for child in pod_cgroup.iterdir():  # the pause container's cgroup too (EBUSY otherwise)
+            if child.is_dir():
+                (child / "cpuset.cpus").write_text("0")
+        (pod_cgroup / "cpuset.cpus").write_text("0")
+        assert agent.parts is not None
+        script.moves[r["cycle"] + 1] = [(pre, "1"), (other, "1")]
+        return refused
+
+    def refused(r: dict[str, Any]) -> Callable[..., Any]:
+        ev = event(r, pre)
+        assert not ev["ok"] and "runtime did not move" in ev["error"] and pre in ev["error"], ev
+        assert allowed(pre_pid) == "0"
+        assert event(r, other)["ok"] and allowed(other_pid) == "1"  # control: same cycle, same path
+        assert agent.state.action_errors_total["RuntimeRefused"] == 1
+        script.moves[r["cycle"] + 1] = [(pre, "1")]  # the planner asks again at once
+        return backing_off
+
+    def backing_off(r: dict[str, Any]) -> None:
+        assert not [e for e in r["applied"] if e["container"] == pre]  # not retried in a hot loop
+        assert any(pre in e and "backing off" in e for e in r["errors"]), r["errors"]
+        assert agent.state.action_errors_total["RuntimeRefused"] == 1
+        script.done = True
+
+    script.step = connected
+    run(agent, script)
+
+
+def test_perfbalance_run_json_names_pods_from_nri_and_stops_cleanly(containerd, kube, tmp_path):
+    """`perfbalance run --json` as the DaemonSet runs it: the same NRI session from the command
+    line, the pod's names in its JSON lines, the session closed at exit."""
+    pre, _ = pre_pod(kube)
+    cfg = write_config(tmp_path / "config.yaml", run_dir=tmp_path / "run", port=free_port(), extra={
+        "host": {"kubelet_root": str(tmp_path)},
+        "runtime": {"nri": "on", "nri_socket": containerd.nri_socket, "nri_plugin_index": "21"}})
+    live = LiveAgent(cfg, cycles=MAX_CYCLES, interval=0.5, dry_run=True)
+    try:
+        r = live.next()
+        while not r["actuation"]["connected"]:
+            r = live.next()
+        c = container(live.next(), pre)
+        assert (c["name"], c["pod"], c["namespace"], c["annotations"].get(ANNOTATION)) == \
+            ("app", "pre", "shop", "checkout"), c
+        live.proc.send_signal(signal.SIGTERM)
+        assert live.wait(30) == 0, live.stderr()
+        assert "NRI: connected to" in live.stderr()
+    finally:
+        live.close()
 
 
 def test_runtime_crash_falls_back_to_cgroupfs_and_reconnects_losing_nothing(containerd, kube, tmp_path,
@@ -265,8 +347,9 @@ def test_runtime_crash_falls_back_to_cgroupfs_and_reconnects_losing_nothing(cont
         return reconnected
 
     def reconnected(r: dict[str, Any]) -> Callable[..., Any]:
-        if not r["actuation"]["connected"]:
-            return reconnected
+        return resynchronized if r["actuation"]["connected"] else reconnected
+
+    def resynchronized(r: dict[str, Any]) -> Callable[..., Any]:
         assert r["actuation"]["sessions"] == 2 and r["actuation"]["path"] == "nri"
         assert agent.parts is not None and agent.parts.nri.view is not None
         # nothing lost: the pod is named again, and the move made while the runtime was down was
