@@ -1,6 +1,6 @@
 """`perfbalance doctor`: what this node offers and what the agent will use, and why not.
 
-Each section (kernel, bpf, perf, avx512, resctrl, cgroup, kubelet, config) answers `available`
+Each section (kernel, bpf, perf, avx512, resctrl, cgroup, kubelet, runtime, config) answers `available`
 and `reason`, plus the details a platform engineer needs to fix it. Doctor never raises on a
 missing feature and never changes the node, except that it may mount tracefs (as the agent
 does) when `--mount-tracefs` is given.

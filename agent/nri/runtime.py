@@ -70,8 +70,9 @@ class NriRuntime:
     def start(self) -> None:
         if self._client is not None:
             if not os.path.exists(self.settings.socket):
-                log.info("NRI: %s does not exist (yet); writing cgroupfs, retrying with back-off",
-                         self.settings.socket)
+                log.log(logging.ERROR if self.settings.mode == "on" else logging.INFO,
+                        "NRI: %s does not exist (yet); writing cgroupfs, retrying with back-off",
+                        self.settings.socket)
             self._client.start()
             self._started = True
 
