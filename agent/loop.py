@@ -88,6 +88,7 @@ class Agent:
                 pass
         self.parts = await asyncio.to_thread(self._parts_factory, self.config, self.node,
                                              self.config_path or "embedded defaults")
+        self.parts.start()
         self._write_config_status()
         services = await start_services(self.state, self.config)
         try:
@@ -233,6 +234,7 @@ class Agent:
             plan_seconds=plan_seconds, collect_seconds=collect_seconds,
             vcpu_map=self.parts.vcpu_map(), vcpu_pinning=self.parts.vcpu_pinning(),
             classes=self.parts.class_report(snapshot),
+            actuation=self.parts.actuation(),
         )
 
     def _maybe_reload(self, errors: list[str]) -> None:
@@ -346,8 +348,8 @@ class Agent:
                     raise ContainerGone(action.container, "not in this cycle's snapshot")
                 self._checkpoint(lambda ck: ck.begin_move(container.id, container.cgroup, action.frm, action.to,
                                                           kind, mems=action.mems, event_id=event.event_id), errors)
-                self.parts.apply(action, container)
-                event = replace(event, ok=True)
+                path = self.parts.apply(action, container)
+                event = replace(event, ok=True, path=path or "")
                 self._count(action)
                 self._inputs.backoff.succeeded(action.container)
                 if action.decision and action.kind != "rollback":  # judged later by its id

@@ -24,6 +24,9 @@ from agent.discover.kubelet import KubeletStateReader
 from agent.discover.sysfs import read_topology
 from agent.discover.vmm import VmmDiscovery
 from agent.export.report import AgentState
+from agent.nri.metadata import pod_infos
+from agent.nri.model import Placement
+from agent.nri.runtime import ACTUATION_STATUS_FILE, NriRuntime, NriSettings, write_status
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
@@ -36,7 +39,7 @@ from perfbalance.topology import Topology
 log = logging.getLogger("perfbalance.parts")
 
 # Sections read when the parts are built; a reload logs that they apply at the next start.
-RESTART_SECTIONS = ("host", "collectors", "metrics", "mqtt")
+RESTART_SECTIONS = ("host", "collectors", "metrics", "mqtt", "runtime")
 
 
 def host_paths(config: Config) -> HostPaths:
@@ -62,6 +65,11 @@ class Parts:
         self.podmeta = podmeta.open_pod_metadata(config, node=node, env=os.environ)
         self.resctrl = self._make_resctrl()
         self._make_collectors()
+        self.nri = NriRuntime(NriSettings.from_config(config.runtime),
+                              kubelet=KubeletStateReader(config.host.kubelet_root).read,
+                              applied=lambda: {cid: Placement(cpus=str(cpus), mems=str(mems))
+                                               for cid, (_, cpus, mems) in self.cpusets.applied().items()})
+        self._actuation_written: dict[str, object] = {}
         self.cpusets = self._make_cpuset_actuator()
         self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
@@ -89,7 +97,7 @@ class Parts:
 
         return CpusetActuator(self.cgfs, reserved=self.unusable_cpus(), kubelet=self.kubelet,
                               topology=self.topology, allow_isolated=self.config.cpuset.allow_isolated,
-                              reassert_drift=self.config.cpuset.reassert_drift)
+                              reassert_drift=self.config.cpuset.reassert_drift, route=self.nri)
 
     def _make_resctrl(self) -> RdtNode:
         from agent.act.rdt import make_resctrl
@@ -133,6 +141,19 @@ class Parts:
             log.info("vm: VM sandbox support %s with the reloaded settings",
                      "rebuilt" if self.vms is not None else "off")
 
+    def start(self) -> None:
+        """At agent start: the NRI session (its own thread; cgroupfs until it is connected)."""
+        self.nri.start()
+
+    def actuation(self) -> dict[str, object]:
+        """Which path moves take now (nri or cgroupfs) and why: for the report, the metrics and
+        (through <run_dir>/actuation-status.json, written on change) `perfbalance doctor`."""
+        status = self.nri.status()
+        if status != self._actuation_written and \
+                write_status(os.path.join(self.config.agent.run_dir, ACTUATION_STATUS_FILE), status):
+            self._actuation_written = status
+        return status
+
     # -- per cycle --------------------------------------------------------------------------
     def unusable_cpus(self) -> CpuSet:
         reserved = CpuSet.parse(self.config.cpuset.reserved_cpus)
@@ -151,7 +172,12 @@ class Parts:
         except (ParseError, PerfbalanceError) as e:  # keep the last good view, lose nothing
             errors.append(f"discovery failed, using the previous cycle's containers: {e}")
             return list(self._containers), self.kubelet
-        if self.podmeta is not None:  # names, annotations, sandbox kind: before RDT labelling
+        view = self.nri.view  # names, annotations, sandbox kind: before RDT labelling
+        if view is not None:  # the runtime's view while NRI is connected; no API server needed
+            containers = exclusive_by_name(podmeta.enrich(containers, pod_infos(view),
+                                                          options=podmeta.options_from_config(self.config)),
+                                           self.kubelet)
+        elif self.podmeta is not None:
             containers = exclusive_by_name(self.podmeta.enrich(containers), self.kubelet)
             errors.extend(self.classes.annotation_problems(containers))
         if self.vms is not None:  # pods whose VMM was found by its threads are VMs to the planner
@@ -195,15 +221,17 @@ class Parts:
     def node_metrics(self) -> dict[str, float]:
         return self.resctrl.node_metrics()
 
-    def apply(self, action: Action, container: Container) -> None:
-        """One planned action, by the actuator of its kind (agent/act/dispatch.py)."""
-        self.dispatch.apply(action, container)
+    def apply(self, action: Action, container: Container) -> str | None:
+        """One planned action, by the actuator of its kind (agent/act/dispatch.py); the path a
+        cpuset move took (nri or cgroupfs)."""
+        return self.dispatch.apply(action, container)
 
     def maintain(self, snapshot: Snapshot, state: AgentState,
                  pinning: Sequence[VcpuPinning] = ()) -> list[str]:
         """Per-cycle upkeep: drift re-assertion, RDT thread re-sweep, and the plan's VMM thread
         pinning (`Plan.vcpu_pinning`, planned with this cycle's moves)."""
         errors: list[str] = []
+        self.nri.observe(snapshot)  # topology, reserved and exclusive CPUs for placement at creation
         containers = [s.container for s in snapshot.containers]
         n, errs = self.cpusets.maintain(containers)
         errors.extend(errs)
@@ -236,6 +264,7 @@ class Parts:
         return self.vcpus.last.pinnings
 
     def close(self) -> None:
+        self.nri.stop()  # bounded: the session thread is joined with a timeout
         for c in self.collectors:
             try:
                 c.close()

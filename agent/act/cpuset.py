@@ -21,6 +21,12 @@ container restart): direct cgroupfs writes are last-writer-wins. So the actuator
 it applied, `check_drift()` compares that with what discovery saw, and `reassert()` writes it
 again, counted, with per-container exponential backoff after failures so that a permanent error
 is never retried in a hot loop (koordinator PR #3218 burned 350-420m CPU doing that).
+
+With a runtime route (NRI connected, docs/nri.md), a move of a container the runtime knows goes
+as the runtime's UpdateContainers instead: the same refusals first, the same read-back after,
+and the runtime keeps the value in its own record, so its later updates (and the kubelet's) do
+not undo it. Drift re-assertion takes the same route, so it never races the runtime. When the
+route is down the move is written to cgroupfs as without NRI.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from perfbalance.cgroupfs import GONE_ERRNOS, CgroupfsError, Cgroupfs, check_rel
 from perfbalance.cpuset import CpuSet
@@ -60,6 +67,26 @@ class CpusetNotGranted(PerfbalanceError):
         super().__init__(f"cpuset of {container} not granted: {path} is {got or 'empty'}, wanted {wanted}")
 
 
+class RuntimeRefused(PerfbalanceError):
+    """The container runtime (NRI UpdateContainers) did not apply the move: like a kernel error,
+    the container is backed off."""
+
+    def __init__(self, container: str, cpus: object, reason: str) -> None:
+        self.container, self.cpus, self.reason = container, cpus, reason
+        super().__init__(f"runtime did not move {container} to CPUs {cpus}: {reason}")
+
+
+class RuntimeRoute(Protocol):
+    """Moves through the container runtime (agent.nri.runtime.NriRuntime)."""
+
+    @property
+    def path(self) -> str: ...  # "nri" while usable, else "cgroupfs"
+
+    def knows(self, container_id: str) -> bool: ...
+
+    def move(self, container_id: str, cpus: str, mems: str) -> str: ...  # "" or why not; ConnectionError: down
+
+
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
     container: str  # container id
@@ -68,6 +95,7 @@ class ApplyResult:
     mems: CpuSet
     changed: bool  # False: everything already was as requested (no write)
     writes: tuple[str, ...] = ()  # "<rel>/<file> <- <value>" in the order written
+    path: str = "cgroupfs"  # or "nri": the runtime applied it (UpdateContainers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,8 +138,9 @@ class CpusetActuator:
     def __init__(self, cgfs: Cgroupfs, *, reserved: CpuSet, kubelet: KubeletState,
                  topology: Topology, allow_isolated: bool = False, reassert_drift: bool = True,
                  backoff_base: float = BACKOFF_BASE_SECONDS, backoff_max: float = BACKOFF_MAX_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, route: RuntimeRoute | None = None) -> None:
         self.cgfs, self.reserved, self.kubelet, self.topology = cgfs, reserved, kubelet, topology
+        self.route = route
         self.allow_isolated, self.reassert_drift = allow_isolated, reassert_drift
         self.backoff_base, self.backoff_max, self.clock = backoff_base, backoff_max, clock
         self.v2 = cgfs.version("cpuset") == 2
@@ -230,12 +259,12 @@ class CpusetActuator:
         """
         want_mems = self.check(container, cpus, mems)
         try:
-            result = self._move(container, cpus, want_mems)
+            result = self._by_runtime(container, cpus, want_mems) or self._move(container, cpus, want_mems)
         except ContainerGone:
             self.counters["gone_total"] += 1
             self.forget(container.id)
             raise
-        except (CpusetError, CpusetNotGranted, CgroupfsError):
+        except (CpusetError, CpusetNotGranted, CgroupfsError, RuntimeRefused):
             self.counters["errors_total"] += 1
             raise
         self._applied[container.id] = (container.cgroup, cpus, want_mems)
@@ -266,6 +295,27 @@ class CpusetActuator:
         self._verify(c, nodes, cpus, mems)
         return ApplyResult(container=c.id, cgroup=c.cgroup, cpus=cpus, mems=mems, changed=bool(writes),
                            writes=tuple(f"{rel}/{name} <- {value}" for rel, name, value in writes))
+
+    def _by_runtime(self, c: Container, cpus: CpuSet, mems: CpuSet) -> ApplyResult | None:
+        """The move as the runtime's UpdateContainers, read back like a write; None when there is
+        no usable route for this container (then cgroupfs is written)."""
+        route = self.route
+        if route is None or route.path != "nri" or not route.knows(c.id):
+            return None
+        before = self._effective(c.cgroup)
+        try:
+            why = route.move(c.id, str(cpus), str(mems))
+        except ConnectionError as e:
+            log.info("moving %s by cgroupfs: %s", c.id, e)
+            return None
+        if why:
+            raise RuntimeRefused(c.id, cpus, why)
+        got = self._effective(c.cgroup)
+        if got != cpus:
+            raise CpusetNotGranted(c.id, self.cgfs.dir(c.cgroup, "cpuset"), cpus, got)
+        self.counters["runtime_applied_total"] += 1
+        return ApplyResult(container=c.id, cgroup=c.cgroup, cpus=cpus, mems=mems, changed=before != cpus,
+                           path="nri")
 
     def _subtree(self, c: Container) -> list[_Node]:
         """The container's cgroup and its descendants, parents first, with their current sets."""
@@ -392,7 +442,7 @@ class CpusetActuator:
             return ReassertOutcome(container=cid, ok=False, error=str(e))
         except ContainerGone as e:
             return ReassertOutcome(container=cid, ok=False, error=str(e))
-        except (CpusetError, CpusetNotGranted, CgroupfsError, FeatureUnavailable, ParseError) as e:
+        except (CpusetError, CpusetNotGranted, CgroupfsError, FeatureUnavailable, ParseError, RuntimeRefused) as e:
             retry = self._fail(cid, now)
             log.warning("re-asserting cpuset of %s failed (retry in %.0fs): %s", cid, retry - now, e)
             return ReassertOutcome(container=cid, ok=False, error=str(e), retry_at=retry)

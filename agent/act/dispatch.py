@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import PerfbalanceError
@@ -22,20 +22,23 @@ BACKOFF_MAX_SECONDS = 600.0  # ten minutes
 
 class Actuator(Protocol):
     """Applies one kind of action to one container; raises PerfbalanceError (ContainerGone when
-    the container vanished) and changes nothing else."""
+    the container vanished) and changes nothing else. Returns the path it took ("nri" or
+    "cgroupfs") where a kind has more than one, else None."""
 
-    def apply(self, action: Action, container: Container) -> None: ...
+    def apply(self, action: Action, container: Container) -> str | None: ...
 
 
 class CpusetMoves:
-    """`cpuset` actions through the cpuset actuator (cgroupfs, v1 or v2)."""
+    """`cpuset` actions through the cpuset actuator (cgroupfs v1 or v2, or the runtime's
+    UpdateContainers while NRI is connected); returns the path the move took."""
 
-    def __init__(self, apply: Callable[[Container, CpuSet, CpuSet | None], None]) -> None:
+    def __init__(self, apply: Callable[[Container, CpuSet, CpuSet | None], Any]) -> None:
         self._apply = apply
 
-    def apply(self, action: Action, container: Container) -> None:
+    def apply(self, action: Action, container: Container) -> str | None:
         mems = CpuSet.parse(action.mems) if action.mems else None
-        self._apply(container, CpuSet.parse(action.to), mems)
+        result = self._apply(container, CpuSet.parse(action.to), mems)
+        return str(getattr(result, "path", "cgroupfs"))
 
 
 class RdtMoves:
@@ -44,8 +47,9 @@ class RdtMoves:
     def __init__(self, apply: Callable[[Container, str], None]) -> None:
         self._apply = apply
 
-    def apply(self, action: Action, container: Container) -> None:
+    def apply(self, action: Action, container: Container) -> str | None:
         self._apply(container, action.to)
+        return None
 
 
 def kind_of(action: Action) -> str:
@@ -59,11 +63,11 @@ class Dispatch:
     def __init__(self, actuators: Mapping[str, Actuator]) -> None:
         self.actuators = dict(actuators)
 
-    def apply(self, action: Action, container: Container) -> None:
+    def apply(self, action: Action, container: Container) -> str | None:
         actuator = self.actuators.get(kind_of(action))
         if actuator is None:
             raise PerfbalanceError(f"unknown action kind {action.kind!r} for {action.container}")
-        actuator.apply(action, container)
+        return actuator.apply(action, container)
 
 
 @dataclass

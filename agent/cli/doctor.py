@@ -1,6 +1,6 @@
 """`perfbalance doctor`: what this node offers and what the agent will use, and why not.
 
-Each section (kernel, bpf, perf, avx512, resctrl, blockio, rt, cgroup, kubelet, config) answers `available`
+Each section (kernel, bpf, perf, avx512, resctrl, blockio, rt, cgroup, kubelet, runtime, config) answers `available`
 and `reason`, plus the details a platform engineer needs to fix it. Doctor never raises on a
 missing feature and never changes the node, except that it may mount tracefs (as the agent
 does) when `--mount-tracefs` is given.
@@ -23,7 +23,7 @@ from perfbalance.host import HostPaths
 from perfbalance.safefs import read_text
 from perfbalance.settings import to_dict
 
-SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "blockio", "rt", "cgroup", "kubelet", "config")
+SECTIONS = ("kernel", "bpf", "perf", "avx512", "resctrl", "blockio", "rt", "cgroup", "kubelet", "runtime", "config")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -132,6 +132,55 @@ def kubelet(host: HostPaths) -> dict[str, Any]:
             "reason": f"CPU manager policy {st.policy}; {len(st.exclusive)} exclusive assignment(s) left untouched"}
 
 
+def runtime(config: Config) -> dict[str, Any]:
+    """The actuation path (docs/nri.md): what the running agent uses, else what it would use.
+    Doctor never dials the socket itself (that would register a second plugin)."""
+    from agent.nri.api import NRI_VERSION, NriUnavailable, load_nri
+    from agent.nri.runtime import ACTUATION_STATUS_FILE
+
+    r = config.runtime
+    out: dict[str, Any] = {"mode": r.nri, "socket": r.nri_socket, "socket_exists": os.path.exists(r.nri_socket),
+                           "api": f"nri.pkg.api.v1alpha1 (containerd/nri {NRI_VERSION})"}
+    try:
+        load_nri()
+    except NriUnavailable as e:
+        out["protocol"] = str(e)
+    running = _running_status(os.path.join(config.agent.run_dir, ACTUATION_STATUS_FILE))
+    if running is not None:
+        out["running_agent"] = running
+        path = running.get("path", "cgroupfs")
+        why = running.get("reason") or f"connected to {running.get('runtime')}"
+        return {**out, "available": path == "nri", "path": path,
+                "reason": f"the running agent (pid {running.get('pid')}) moves by {path}: {why}"}
+    if r.nri == "off":
+        why = "runtime.nri is off: cgroupfs writes"
+    elif "protocol" in out:
+        why = out["protocol"]
+    elif not out["socket_exists"]:
+        why = f"{r.nri_socket} does not exist (NRI not enabled in the runtime?): cgroupfs writes, retried with back-off"
+    else:
+        why = f"{r.nri_socket} exists: the agent will register as {r.nri_plugin_index}-{r.nri_plugin_name}"
+    ok = r.nri != "off" and "protocol" not in out and out["socket_exists"]
+    return {**out, "available": ok, "path": "nri" if ok else "cgroupfs", "reason": why}
+
+
+def _running_status(path: str) -> dict[str, Any] | None:
+    """The running agent's status file, when that agent is alive."""
+    try:
+        data = json.loads(read_text(path, CONFIG_STATUS_MAX_BYTES, "agent actuation status"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        return None
+    try:
+        os.kill(data["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return data
+
+
 def report(config: Config, *, config_error: str = "", mount_tracefs: bool = False) -> dict[str, Any]:
     from collectors.doctor import probe
 
@@ -146,6 +195,7 @@ def report(config: Config, *, config_error: str = "", mount_tracefs: bool = Fals
         **class_controllers(config),
         "cgroup": _guard(lambda: cgroup(host)),
         "kubelet": _guard(lambda: kubelet(host)),
+        "runtime": _guard(lambda: runtime(config)),
         "config": _guard(lambda: config_status(config, config_error)),
     }
     return out

@@ -105,6 +105,23 @@ class CpusetSection:
     reassert_drift: bool = setting(True, "Re-apply our cpuset when the kubelet or runtime rewrote it (counted; backs off).")
 
 
+def _plugin_index(value: Any) -> str | None:
+    return None if len(value) == 2 and value.isdigit() else "must be two digits (NRI orders plugins by it), e.g. '50'"
+
+
+def _plugin_name(value: Any) -> str | None:
+    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value) else "not a plugin name (letters, digits, '_', '.', '-')"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSection:
+    nri: Literal["auto", "on", "off"] = setting("auto", "Act through the container runtime as an NRI plugin (placement at creation, moves by UpdateContainers, pod metadata): auto uses it when the socket answers and keeps retrying; on (true) the same, reporting a missing socket or protocol modules as errors; off (false) writes cgroupfs only. Read at start.")
+    nri_socket: str = setting("/var/run/nri/nri.sock", "The runtime's NRI socket (containerd 1.7+/2.x, CRI-O 1.26+). Read at start.")
+    nri_plugin_name: str = setting("perfbalance", "Plugin name registered with the runtime. Read at start.", check=_plugin_name)
+    nri_plugin_index: str = setting("50", "Plugin index, two digits as a quoted string (e.g. '50'): the runtime calls plugins in this order. Read at start.", check=_plugin_index)
+    nri_backoff_max_seconds: float = setting(30.0, "Upper bound of the reconnect back-off (0.5 s doubling) after the runtime went away; meanwhile cgroupfs is written. Read at start.", min=0.5, max=3600)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricsSection:
     enabled: bool = setting(True, "Serve Prometheus metrics, /healthz, /readyz and the node view.")
@@ -186,6 +203,7 @@ class Config:
     discovery: DiscoverySection = setting(factory=DiscoverySection)
     kubernetes: KubernetesSection = setting(factory=KubernetesSection)
     cpuset: CpusetSection = setting(factory=CpusetSection)
+    runtime: RuntimeSection = setting(factory=RuntimeSection)
     collectors: CollectorsConfig = setting(factory=CollectorsConfig)
     rebalancer: RebalancerConfig = setting(factory=RebalancerConfig)
     resctrl: ResctrlConfig = setting(factory=ResctrlConfig)

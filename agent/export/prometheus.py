@@ -316,6 +316,7 @@ def _cycle_families(report: CycleReport, extra: Mapping[str, Any]) -> Iterator[M
     for name, status in sorted(snap.collectors.items()):
         up.add_metric([label_value(name)], float(status.up))
     yield up
+    yield from _actuation_families(report.actuation)
     yield from _resctrl_families(snap, extra)
     yield from _class_families(report)
 
@@ -335,6 +336,21 @@ def _class_families(report: CycleReport) -> Iterator[Metric]:
             problems.add_metric([label_value(name)], float(c.get("problems", 0)))
             refusals.add_metric([label_value(name)], float(c.get("errors_total", 0)))
     yield from (used, members, problems, refusals)
+
+
+def _actuation_families(actuation: Mapping[str, Any]) -> Iterator[Metric]:
+    """Which path cpuset moves take (agent/nri): both label values always present, one of them 1."""
+    if not actuation:
+        return
+    path = _gauge("perfbalance_actuation_path", "1 for the path cpuset moves take now: nri (the runtime's UpdateContainers) or cgroupfs.",
+                  labels=["path"])
+    for name in ("nri", "cgroupfs"):
+        path.add_metric([name], float(actuation.get("path") == name))
+    yield path
+    yield _gauge("perfbalance_nri_connected", "1 while the NRI session with the container runtime is connected and synchronized.",
+                 float(bool(actuation.get("connected"))))
+    yield _counter("perfbalance_nri_sessions", "NRI sessions established with the runtime since the agent started (reconnects included).",
+                   float(actuation.get("sessions", 0) or 0))
 
 
 def _resctrl_families(snap: Snapshot, extra: Mapping[str, Any]) -> Iterator[Metric]:

@@ -91,12 +91,13 @@ class Applied:
     predicted_benefit: float = 0.0
     predicted_cost: float = 0.0
     time: float = 0.0
+    path: str = ""  # how a cpuset move was made: "nri" (UpdateContainers) or "cgroupfs"
 
     def to_json(self) -> dict[str, Any]:
         return {"event_id": self.event_id, "kind": self.kind, "container": self.container,
                 "from": self.frm, "to": self.to, "reason": self.reason, "ok": self.ok,
                 "error": self.error, "predicted_benefit": self.predicted_benefit,
-                "predicted_cost": self.predicted_cost, "time": self.time}
+                "predicted_cost": self.predicted_cost, "time": self.time, "path": self.path}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +125,9 @@ class CycleReport:
     vcpu_map: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # container -> host cpu -> vcpu
     vcpu_pinning: tuple[VcpuPinning, ...] = ()  # applied VMM thread pinnings (guest NUMA, hugepages)
     classes: Mapping[str, Any] = field(default_factory=dict)  # block-I/O/real-time classes (agent/act/classnode.py)
+    # the actuation path at the end of the cycle (agent.nri.runtime.NriRuntime.status()):
+    # path nri|cgroupfs, connected, mode, reason, runtime, sessions, socket, api
+    actuation: Mapping[str, Any] = field(default_factory=dict)
     # container id -> AVX-512 contamination ratio, derived from the snapshot once, when the report is built
     contamination: Mapping[str, float] = field(init=False, repr=False, compare=False)
 
@@ -145,6 +149,7 @@ class CycleReport:
             "vm_sandboxes": {p.pod: p.to_json() for p in self.vcpu_pinning},
             "classes": dict(self.classes),
             **({"vmms": snap["vmms"]} if "vmms" in snap else {}),
+            "actuation": dict(self.actuation),
         }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from perfbalance.cpuset import CpuSet
+from perfbalance.errors import ParseError
 from perfbalance.model import KubeletState, Snapshot
 from rebalancer.admit import NewContainer, Running, admit
 
@@ -28,12 +29,22 @@ def request_mcpu(ctr: Ctr) -> int:
 
 class AdmitPolicy:
     def __init__(self, *, snapshot: Callable[[], Snapshot | None], kubelet: Callable[[], KubeletState],
-                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "") -> None:
+                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "",
+                 applied: Callable[[], Mapping[str, Placement]] = dict) -> None:
         self._snapshot, self._kubelet, self._rdt_class = snapshot, kubelet, rdt_class
+        self._applied = applied  # what the agent's cpuset actuator applied, by container id
         self.decisions: dict[str, str] = {}  # container id -> why it was placed where (last few)
 
     def on_synchronize(self, view: View) -> Mapping[str, Placement]:
-        return {}  # running containers are the planner's business, from the next cycle on
+        """Our placements the runtime's record does not have (moved by cgroupfs while NRI was
+        down, or before it came up): handed to the runtime now, so its later updates keep them.
+        Everything else is the planner's business, from the next cycle on."""
+        out = {}
+        for cid, p in self._applied().items():
+            c = view.containers.get(cid)
+            if c is not None and c.state == "running" and c.cpus and _differ(c.cpus, p.cpus):
+                out[cid] = p
+        return out
 
     def on_create(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None:
         snap = self._snapshot()
@@ -60,3 +71,11 @@ class AdmitPolicy:
         if (pod.uid, ctr.name) in self._kubelet().exclusive:
             return None  # the kubelet now dedicates CPUs to it: its choice wins
         return Placement(cpus=ours.cpus, mems=ours.mems)
+
+
+def _differ(runtime: str, ours: str) -> bool:
+    try:
+        return CpuSet.parse(runtime) != CpuSet.parse(ours)
+    except ParseError as e:
+        log.warning("NRI: the runtime reports a cpuset that is not a CPU list, left alone: %s", e)
+        return False

@@ -81,6 +81,8 @@ class Plugin:
         with self._lock:
             self._view = View(pods=pods, containers=ctrs, synchronized=True)
         updates = self._policy.on_synchronize(self._view)
+        for cid, p in updates.items():
+            self.record_update(cid, p)
         self.synchronized.set()
         log.info("NRI: synchronized %d pods, %d containers", len(pods), len(ctrs))
         return self._pb.SynchronizeResponse(update=[self.container_update(cid, p) for cid, p in updates.items()])

@@ -67,7 +67,9 @@ def report(samples: tuple[ContainerSample, ...] = (TRAINER, WEB, DB), *, cycle: 
     plan = Plan(time=snap.time, actions=(MOVE,) if with_move else ())
     return CycleReport(cycle=cycle, time=snap.time, snapshot=snap, plan=plan,
                        applied=(applied(),) if with_move else (), plan_seconds=0.004,
-                       collect_seconds=0.12)
+                       collect_seconds=0.12,
+                       actuation={"path": "cgroupfs", "connected": False, "mode": "auto", "sessions": 0,
+                                  "reason": "cannot connect to /var/run/nri/nri.sock: No such file or directory"})
 
 
 def state(rep: CycleReport | None = None) -> AgentState:
