@@ -8,8 +8,10 @@
 * AVX-512 islands are whole cores; `cpuset.mems` is the NUMA nodes of the new CPUs.
 * VM sandboxes (Kata, KubeVirt; `rebalancer.vm.Sandbox`): a sandboxed pod's demand is its vCPU
   need (`sandbox_vcpus`: VMM overhead + limits, rounded up once) placed on its mask (the OR of its
-  containers' cpusets), not its containers' requests; its movable containers move together to
-  one target; a move keeps the number of CPUs on every host NUMA node (`check_numa_move`).
+  workload containers' cpusets: Kata's pod sandbox container holding the VMM is no workload,
+  `rebalancer.vm.vm_workloads`, the rule the applied pinning uses), not its containers'
+  requests; its movable containers move together to one target; a workload's move keeps its
+  number of CPUs on every host NUMA node (`check_numa_move`).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def demand_mcpu(placement: Mapping[str, frozenset[int]], requests: Mapping[str, 
 
 
 def sandbox_mask(placement: Mapping[str, frozenset[int]], sb: Sandbox) -> frozenset[int]:
-    """Where the sandbox's vCPU threads may run: the OR of its containers' cpusets."""
-    return frozenset().union(*(placement.get(m, frozenset()) for m in sb.members))
+    """Where the sandbox's vCPU threads may run: the OR of its workload containers' cpusets (the
+    mask `rebalancer.vm.plan_vcpus` applies)."""
+    return frozenset().union(*(placement.get(m, frozenset()) for m in sb.workloads))
 
 
 def requests_fit(placement: Mapping[str, frozenset[int]], requests: Mapping[str, int],
@@ -105,7 +108,8 @@ def violations(snapshot: Snapshot, plan: Plan, *, vm_overhead_mcpu: int = 0) -> 
     idx = TopoIndex.build(snapshot.topology)
     placement = apply_actions(snapshot, plan.actions)
     requests = {s.id: s.container.request_mcpu for s in snapshot.containers}
-    vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=vm_overhead_mcpu)
+    vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=vm_overhead_mcpu,
+                    vmms=snapshot.vmms)
     for a in plan.actions:
         if a.kind not in ("cpuset", "rollback") or (a.kind == "rollback" and a.undoes != "cpuset"):
             continue
@@ -139,7 +143,7 @@ def _sandbox_violations(snapshot: Snapshot, idx: TopoIndex, plan: Plan,
             out.append(f"{sb.kind} pod {sb.pod}: demand within its mask {_fmt(mask)} needs "
                        f"{requests_needed(placement, requests, mask, vms)} CPUs")
     for sb in vms:
-        for m in sb.members:
+        for m in sb.workloads:  # the VMM's holder runs no vCPU: its CPUs per node are not the guest's
             to = moves.get(m, undo.get(m))
             why = None if to is None else numa_move_problem(idx, snapshot, before[m], to)
             if why:

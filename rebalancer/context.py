@@ -47,7 +47,8 @@ class Context:
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
               smoothed: Mapping[str, Mapping[str, float]], now: float) -> Context:
         idx = TopoIndex.build(snapshot.topology)
-        vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=config.vm_overhead_mcpu)
+        vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=config.vm_overhead_mcpu,
+                        vmms=snapshot.vmms)
         sandbox_of = {m: sb for sb in vms for m in sb.members}
         views = {s.id: view(s, smoothed.get(s.id, {}), config,
                             sandbox_of[s.id].pod if s.id in sandbox_of else "")
@@ -101,14 +102,15 @@ class Context:
         Milli-CPU amounts are summed and rounded up once; usage within `size_tolerance_cores`
         above a whole CPU does not round up (measurement jitter of a busy loop). A VM sandbox
         counts with all its movable containers and its vCPUs instead of their requests; one
-        sandbox moved alone keeps its size (its guest was built for that many CPUs).
+        sandbox moved alone keeps the size of its floating vCPUs' mask (its guest was built for
+        that many CPUs; Kata's pod sandbox container holding the VMM does not widen it).
         """
         cfg = self.config
         vms = {self.sandbox_of[c].pod: self.sandbox_of[c] for c in ids if c in self.sandbox_of}
         plain = [c for c in ids if c not in self.sandbox_of]
         if len(vms) == 1 and not plain:
             (sb,) = vms.values()
-            return max(1, max((len(self.base.placement[m]) for m in sb.movable), default=1))
+            return max(1, max((len(self.base.placement[m]) for m in sb.movable_workloads), default=1))
         users = plain + [m for sb in vms.values() for m in sb.movable]
         requests = mcpu.total(self.views[c].request_mcpu for c in plain)
         requests += mcpu.total(sb.mcpu for sb in vms.values())

@@ -158,8 +158,9 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
 
 
 def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
-    """A VM pod's movable containers move together to one target, each keeping its number of
-    CPUs on every host NUMA node (the guest NUMA layout the VM booted with)."""
+    """A VM pod's movable containers move together to one target, each workload keeping its
+    number of CPUs on every host NUMA node (the guest NUMA layout the VM booted with; Kata's pod
+    sandbox container holding the VMM runs no vCPU and is not held to it)."""
     for cid in sorted(d.cpus):
         sb = ctx.sandbox_of.get(cid)
         if sb is None:
@@ -168,7 +169,8 @@ def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
         if len(split) > 1:
             return (f"constraint: {sb.kind} pod {sb.pod} would be split ({', '.join(split)}); "
                     "a VM pod's containers move together")
-        why = numa_move_problem(ctx.idx, ctx.snapshot, layout.placement[cid], d.cpus[cid])
+        why = (numa_move_problem(ctx.idx, ctx.snapshot, layout.placement[cid], d.cpus[cid])
+               if cid in sb.workloads else None)  # the VMM's holder runs no vCPU
         if why:
             return f"constraint: {cid} ({sb.kind} pod {sb.pod}): {why}"
     return _guest_layout_constraint(ctx, layout, d)
@@ -184,7 +186,7 @@ def _guest_layout_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     by_id = ctx.snapshot.by_id()
     for pod in pods:
         sb, vmm = next(s for s in ctx.sandboxes if s.pod == pod), vmms[pod]
-        before = [replace(by_id[m].container, cpuset=CpuSet(layout.placement[m])) for m in sb.members]
+        before = [replace(by_id[m].container, cpuset=CpuSet(layout.placement[m])) for m in sb.workloads]
         after = [replace(c, cpuset=CpuSet(d.cpus[c.id])) if c.id in d.cpus else c for c in before]
         why = layout_move_problem(topology=ctx.snapshot.topology, vmm=vmm, before=before, after=after)
         if why:

@@ -71,37 +71,56 @@ def sandbox_vcpus(containers: Iterable[Container], *, overhead_mcpu: int) -> int
 class Sandbox:
     """A VM-sandboxed pod as the planner sees it: one unit of CPU demand and of movement.
 
-    Its `movable` containers (those without kubelet-dedicated CPUs) all run on the same floating
-    vCPUs, whose mask is the OR of their cpusets: they move together, to one target, or not at
-    all. Its CPU demand on that mask is `vcpus` whole CPUs (`sandbox_vcpus`), not the
-    containers' requests."""
+    Its `movable` containers (those without kubelet-dedicated CPUs) move together, to one
+    target, or not at all. Its `workloads` are the members whose work runs on the vCPUs: all but
+    the pod sandbox container that holds the VMM in Kata's per-container layout
+    (`vm_workloads`, the rule the applied pinning uses). The vCPUs' mask is the OR of the
+    workloads' cpusets, and its CPU demand on that mask is `vcpus` whole CPUs (`sandbox_vcpus`
+    of the workloads), not the containers' requests."""
 
     pod: str
     kind: str  # "kata" | "kubevirt" | whatever pod metadata said
     members: tuple[str, ...]  # container ids, sorted
     movable: tuple[str, ...]  # members without dedicated CPUs, sorted
     vcpus: int
+    workloads: tuple[str, ...]  # members whose cpusets make the vCPUs' mask, sorted
+    vmm_holder: str = ""  # the member left out of `workloads` (Kata's pod sandbox container), or ""
+
+    @property
+    def movable_workloads(self) -> tuple[str, ...]:
+        """Movable members that run on the floating vCPUs (their cpuset is the mask's shape)."""
+        return tuple(m for m in self.movable if m in self.workloads)
 
     @property
     def mcpu(self) -> int:
         return self.vcpus * mcpu.MILLI
 
 
-def sandboxes(containers: Iterable[Container], *, overhead_mcpu: int) -> tuple[Sandbox, ...]:
+def sandboxes(containers: Iterable[Container], *, overhead_mcpu: int,
+              vmms: Iterable[VmmProcess] = ()) -> tuple[Sandbox, ...]:
     """The VM sandboxes among `containers`: pods (by `Container.pod_key`) with a container whose `sandbox`
-    is set. A negative limit (never valid) counts as no limit rather than stopping the planner."""
+    is set. A negative limit (never valid) counts as no limit rather than stopping the planner.
+
+    `vmms` (`Snapshot.vmms`) say which container holds each pod's VMM; `vm_workloads` then
+    leaves Kata's pod sandbox container out of the workloads, as the applied pinning does.
+    A pod whose VMM was not found counts every container."""
     pods: dict[str, list[Container]] = {}
     for c in containers:
         pods.setdefault(c.pod_key, []).append(c)
+    vmm_of = {v.pod: v for v in vmms}
     out = []
     for key, cs in sorted(pods.items()):
         kinds = sorted({c.sandbox for c in cs if c.sandbox})
         if not kinds:
             continue
-        sane = [c for c in cs if c.limit_mcpu is None or c.limit_mcpu >= 0]
+        work = vm_workloads(cs, vmm_of[key]) if key in vmm_of else list(cs)
+        sane = [c for c in work if c.limit_mcpu is None or c.limit_mcpu >= 0]
+        holder = sorted({c.id for c in cs} - {c.id for c in work})
         out.append(Sandbox(pod=key, kind=kinds[0], members=tuple(sorted(c.id for c in cs)),
                            movable=tuple(sorted(c.id for c in cs if not c.exclusive)),
-                           vcpus=sandbox_vcpus(sane, overhead_mcpu=max(0, overhead_mcpu))))
+                           vcpus=sandbox_vcpus(sane, overhead_mcpu=max(0, overhead_mcpu)),
+                           workloads=tuple(sorted(c.id for c in work)),
+                           vmm_holder=holder[0] if holder else ""))
     return tuple(out)
 
 

@@ -9,10 +9,11 @@ import pytest
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
+from perfbalance.sandbox import VmmProcess
 from perfbalance.topology import Topology
 from rebalancer import PlannerState, RebalancerConfig, plan
-from rebalancer.constraints import requests_needed, violations
-from rebalancer.vm import per_node, sandboxes
+from rebalancer.constraints import apply_actions, requests_needed, sandbox_mask, violations
+from rebalancer.vm import per_node, plan_vcpus, sandboxes
 
 from rb_builders import sample, snap, topo
 
@@ -175,3 +176,88 @@ def test_vm_pod_evicted_from_an_avx_island_keeps_its_cpus_per_node(vm_cpus: str)
     island, vm = CpuSet.parse(moved["avx"]), CpuSet.parse(moved["k1"])
     assert moved["k2"] == moved["k1"] and island.isdisjoint(vm)
     assert per_node(t, vm) == per_node(t, CpuSet.parse(vm_cpus))
+
+
+# -- whose cpusets make the mask: the rule the applied pinning uses (rebalancer.vm.vm_workloads) --
+
+def vmm_in(container: str, *, busy: tuple[str, ...]) -> VmmProcess:
+    return VmmProcess(pod="vm", cgroup=f"test/{container}", pid=100, comm="qemu-system-x86",
+                      vcpus={0: 200, 1: 201}, helpers=(100,), container=container,
+                      allowed=CpuSet.parse("0-1"), busy=busy)
+
+
+def vmm_holder_beside_avx(holder: str, overhead: int) -> tuple[Snapshot, RebalancerConfig]:
+    """`avx_beside_a_vm` with the VMM in a third container of the pod, `sbx`, which holds the
+    shared pool 0-1 (Kata's pod sandbox container when `holder` is "kata" or unlabelled "vm";
+    KubeVirt's compute container, a workload, when "kubevirt")."""
+    s, cfg = avx_beside_a_vm(overhead)
+    s = replace(s, containers=s.containers + (
+        sample("sbx", "0-1", pod_uid="vm", sandbox=holder, cpu_usage_cores=0.2),))
+    return replace(s, vmms=(vmm_in("sbx", busy=("sbx",)),)), cfg
+
+
+def planned_mask(s: Snapshot, p: Plan, overhead: int) -> CpuSet:
+    (sb,) = sandboxes((c.container for c in s.containers), overhead_mcpu=overhead, vmms=s.vmms)
+    return CpuSet(sandbox_mask(apply_actions(s, p.actions), sb))
+
+
+@pytest.mark.parametrize("holder, workloads, mask", [
+    ("kata", ("k1", "k2"), "1"),  # Kata per-container: the pod sandbox container is no workload
+    ("vm", ("k1", "k2"), "1"),  # unlabelled, the other containers without host processes: the same
+    ("kubevirt", ("k1", "k2", "sbx"), "0-1"),  # control: KubeVirt's compute container is the workload
+])
+def test_the_planner_mask_is_the_mask_the_pinning_applies(holder: str, workloads: tuple[str, ...],
+                                                          mask: str) -> None:
+    s, _ = vmm_holder_beside_avx(holder, 0)
+    (sb,) = sandboxes((c.container for c in s.containers), overhead_mcpu=0, vmms=s.vmms)
+    assert sb.workloads == workloads and sb.members == ("k1", "k2", "sbx")
+    (pinning,) = plan_vcpus(s)
+    assert planned_mask(s, Plan(time=s.time), 0) == pinning.affinity[200] == CpuSet.parse(mask)
+
+
+def test_the_vmm_in_the_pods_only_container_counts() -> None:
+    s = snap(topo(cores=2, threads=1), sample("vmc", "0-1", pod_uid="vm", sandbox="vm", limit=1500))
+    s = replace(s, vmms=(vmm_in("vmc", busy=("vmc",)),))  # control: nothing else to run the vCPUs
+    (sb,) = sandboxes((c.container for c in s.containers), overhead_mcpu=0, vmms=s.vmms)
+    assert sb.workloads == ("vmc",) and sb.vcpus == 2
+    assert planned_mask(s, Plan(time=s.time), 0) == plan_vcpus(s)[0].affinity[200] == CpuSet.parse("0-1")
+
+
+def test_the_kata_sandbox_container_adds_nothing_to_the_vcpus() -> None:
+    s, _ = vmm_holder_beside_avx("kata", 500)
+    s = replace(s, containers=tuple(replace(c, container=replace(c.container, limit_mcpu=2000))
+                                    if c.id == "sbx" else c for c in s.containers))
+    (kata,) = sandboxes((c.container for c in s.containers), overhead_mcpu=500, vmms=s.vmms)
+    assert kata.vcpus == 2  # 0.5 + 0.75 + 0.25, not + the pause container's 2
+    (unknown,) = sandboxes((c.container for c in s.containers), overhead_mcpu=500)
+    assert unknown.vcpus == 4  # control: without the VMM's facts every container counts, as before
+
+
+def test_a_move_onto_the_kata_vcpus_counts_them_although_the_sandbox_container_is_wider() -> None:
+    s, _ = vmm_holder_beside_avx("kata", 500)  # 2 vCPUs on CPU 1 alone (the applied mask)
+    onto = Plan(time=s.time, actions=(Action(kind="cpuset", container="scalar", frm="0-1", to="1",
+                                             reason="test"),))
+    assert any("scalar: requests within 1 need 2 CPUs" in v
+               for v in violations(s, onto, vm_overhead_mcpu=500))
+    s, _ = vmm_holder_beside_avx("kubevirt", 500)  # control: the vCPUs may use 0-1, room on 1
+    assert not [v for v in violations(s, onto, vm_overhead_mcpu=500) if "scalar" in v]
+
+
+@pytest.mark.parametrize("overhead, made", [(0, True), (500, False)])
+def test_a_kata_pod_with_its_sandbox_container_moves_by_its_vcpus(overhead: int, made: bool) -> None:
+    s, cfg = vmm_holder_beside_avx("kata", overhead)
+    p = plan(s, cfg, None, s.time)
+    assert violations(s, p, vm_overhead_mcpu=overhead) == []
+    if made:  # 1 vCPU on CPU 1: "scalar" may join it; the sandbox container follows its pod
+        assert targets(p) == {"avx": "0", "scalar": "1", "sbx": "1", "k1": "1", "k2": "1"}
+        assert planned_mask(s, p, overhead) == plan_vcpus(s, actions=p.actions)[0].affinity[200]
+    else:  # 2 vCPUs fill CPU 1: the sandbox container's CPU 0 is not theirs to count on
+        assert targets(p) == {}
+        assert any("within 1 need 2 CPUs" in c["rejected"] for c in p.considered)
+
+
+def test_the_kubevirt_compute_container_keeps_its_cpus_per_numa_node() -> None:
+    s, cfg = vmm_holder_beside_avx("kubevirt", 0)  # control: compute runs the vCPUs
+    p = plan(s, cfg, None, s.time)
+    assert targets(p) == {}
+    assert any("sbx (kata pod vm)" in c["rejected"] and NUMA_REASON in c["rejected"] for c in p.considered)
