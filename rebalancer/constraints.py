@@ -73,6 +73,20 @@ def numa_move_problem(idx: TopoIndex, snapshot: Snapshot, before: frozenset[int]
     return check_numa_move(topology=snapshot.topology, before=CpuSet(before), after=CpuSet(after))
 
 
+def holder_move_problem(sb: Sandbox, placement: Mapping[str, frozenset[int]]) -> str | None:
+    """Kata's pod sandbox container bounds the VMM's threads (its cgroup cpuset): moved, it must
+    still hold the dedicated CPUs of the pod's pinned vCPUs, or they would lose their pinning."""
+    if not sb.vmm_holder:
+        return None
+    held = placement.get(sb.vmm_holder, frozenset())
+    pinned = frozenset().union(*(placement.get(m, frozenset()) for m in sb.workloads if m not in sb.movable))
+    lost = pinned - held
+    if not lost:
+        return None
+    return (f"its sandbox container {sb.vmm_holder} would hold {_fmt(held)}, without the dedicated "
+            f"CPUs {_fmt(lost)} its pinned vCPUs need")
+
+
 def _per_node(idx: TopoIndex, cpus: frozenset[int]) -> dict[int, int]:
     out: dict[int, int] = {}
     for c in cpus:
@@ -138,6 +152,9 @@ def _sandbox_violations(snapshot: Snapshot, idx: TopoIndex, plan: Plan,
         if len(targets) != 1 or None in targets:
             out.append(f"{sb.kind} pod {sb.pod}: only {moved} of {list(sb.movable)} move, or to "
                        "different CPUs")
+        why = holder_move_problem(sb, placement) if sb.vmm_holder in moves else None
+        if why:
+            out.append(f"{sb.kind} pod {sb.pod}: {why}")
         mask = sandbox_mask(placement, sb)
         if not requests_fit(placement, requests, mask, vms):
             out.append(f"{sb.kind} pod {sb.pod}: demand within its mask {_fmt(mask)} needs "

@@ -22,7 +22,7 @@ from perfbalance import mcpu
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Plan, Snapshot
 from rebalancer.config import RebalancerConfig
-from rebalancer.constraints import numa_move_problem, sandbox_mask, spans_needlessly
+from rebalancer.constraints import holder_move_problem, numa_move_problem, sandbox_mask, spans_needlessly
 from rebalancer.affinity import hard_worsened
 from rebalancer.context import Context
 from rebalancer.costmodel import Evaluation, Layout, move_costs
@@ -173,6 +173,10 @@ def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
                if cid in sb.workloads else None)  # the VMM's holder runs no vCPU
         if why:
             return f"constraint: {cid} ({sb.kind} pod {sb.pod}): {why}"
+        why = (holder_move_problem(sb, {**layout.placement, **d.cpus})
+               if cid == sb.vmm_holder else None)
+        if why:
+            return f"constraint: {sb.kind} pod {sb.pod}: {why}"
     return _guest_layout_constraint(ctx, layout, d)
 
 

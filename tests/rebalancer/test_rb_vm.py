@@ -261,3 +261,20 @@ def test_the_kubevirt_compute_container_keeps_its_cpus_per_numa_node() -> None:
     p = plan(s, cfg, None, s.time)
     assert targets(p) == {}
     assert any("sbx (kata pod vm)" in c["rejected"] and NUMA_REASON in c["rejected"] for c in p.considered)
+
+
+def with_pinned_workload(s: Snapshot) -> Snapshot:
+    """The pod also has a container with dedicated CPU 0, which its sandbox container holds."""
+    s = replace(s, containers=s.containers + (
+        sample("kp", "0", pod_uid="vm", sandbox="kata", exclusive=True, limit=1000),))
+    return replace(s, kubelet=replace(s.kubelet, policy="static", exclusive={("vm", "kp"): CpuSet.parse("0")}))
+
+
+def test_the_kata_sandbox_container_may_not_move_off_its_pods_dedicated_cpus() -> None:
+    s = with_pinned_workload(vmm_holder_beside_avx("kata", 0)[0])
+    onto = Plan(time=s.time, actions=tuple(Action(kind="cpuset", container=c, frm=f, to="1", reason="test")
+                                           for c, f in (("sbx", "0-1"), ("k1", "1"), ("k2", "1"))))
+    assert any("sandbox container sbx would hold 1, without the dedicated CPUs 0" in v
+               for v in violations(s, onto))
+    s, _ = vmm_holder_beside_avx("kata", 0)  # control: nothing pinned, the same move is sound
+    assert not [v for v in violations(s, onto) if "sandbox container" in v]
