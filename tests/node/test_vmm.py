@@ -24,6 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.cli.plan import parse_snapshot_text
+from perfbalance.cpuset import CpuSet
+from perfbalance.model import Action, Plan, Snapshot
+from rebalancer.constraints import sandbox_mask, violations
+from rebalancer.vm import plan_vcpus, sandboxes
 from tests.node.agentproc import LiveAgent, containers, free_port, write_config
 from tests.node.containerd import remove_cgroups
 from tests.node.qemu import Qemu, make_cgroup, missing, set_cpus, start_in
@@ -169,8 +174,30 @@ def test_kata_per_container_layout_mask_is_the_workload_containers(node: Node, t
         assert affinities(q, q.vcpus().values()) == {"1"}  # the sandbox container does not widen it
         assert affinities(q2, q2.vcpus().values()) == {"0-1"}  # control: the VMM's container counts
         assert not [e for e in r["errors"] if "pod" in e], r["errors"]
+        snap = parse_snapshot_text(json.dumps(r), source="run --json")  # what the planner sees
+        assert planner_mask(snap, a) == {"1"}  # the mask the real vCPUs got, not the pod's 0-1
+        assert planner_mask(snap, sidecar) == {"0-1"}  # control
+        whole = to_cpu0(snap, sandbox, a)  # the Kata pod moved whole to CPU 0
+        assert violations(snap, whole) == []  # its sandbox container runs no vCPU: no NUMA refusal
+        refused = violations(snap, to_cpu0(snap, compute, sidecar))  # control: compute runs them
+        assert any(compute in v and "vCPUs per host NUMA node" in v for v in refused), refused
+        (pinning,) = [p for p in plan_vcpus(snap, actions=whole.actions) if p.vmm_pid == q.pid]
+        assert {str(pinning.affinity[t]) for t in q.vcpus().values()} == {"0"}  # what the move applies
     finally:
         agent.close()
+
+
+def to_cpu0(snap: Snapshot, *members: str) -> Plan:
+    return Plan(time=snap.time, actions=tuple(
+        Action(kind="cpuset", container=c, frm=str(snap.by_id()[c].container.cpuset), to="0",
+               reason="test") for c in members))
+
+
+def planner_mask(snap: Snapshot, member: str) -> set[str]:
+    """The vCPUs' mask the planner counts capacity on for the VM pod of `member`."""
+    (sb,) = [sb for sb in sandboxes((s.container for s in snap.containers), overhead_mcpu=0,
+                                    vmms=snap.vmms) if member in sb.members]
+    return {str(CpuSet(sandbox_mask({s.id: s.container.cpuset.ids for s in snap.containers}, sb)))}
 
 
 def test_kata_dedicated_cpu_pinned_one_to_one_and_kept_across_a_move(node: Node, tmp_path: Path):
