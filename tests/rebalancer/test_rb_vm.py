@@ -278,3 +278,32 @@ def test_the_kata_sandbox_container_may_not_move_off_its_pods_dedicated_cpus() -
                for v in violations(s, onto))
     s, _ = vmm_holder_beside_avx("kata", 0)  # control: nothing pinned, the same move is sound
     assert not [v for v in violations(s, onto) if "sandbox container" in v]
+
+
+def clash_with_sandbox_container(*, pinned: bool) -> Snapshot:
+    """`cache_clash` (2 L3s per socket) with the VMM in the pod sandbox container `sbx`, and, when
+    `pinned`, a pod-mate with dedicated CPU 7, which `sbx` holds too."""
+    s = cache_clash(two_sockets(2), "kata")
+    extra = (sample("sbx", "0-1,7" if pinned else "0-1", pod_uid="vm", sandbox="kata", cpu_usage_cores=0.1),)
+    if pinned:
+        extra += (sample("vm-pinned", "7", pod_uid="vm", sandbox="kata", exclusive=True, limit=1000),)
+        s = replace(s, kubelet=replace(s.kubelet, policy="static",
+                                       exclusive={("vm", "vm-pinned"): CpuSet.parse("7")}))
+    vmm = replace(vmm_in("sbx", busy=("sbx",)), allowed=CpuSet.parse("0-1,7" if pinned else "0-1"))
+    return replace(s, containers=s.containers + extra, vmms=(vmm,))
+
+
+def test_the_kata_sandbox_container_follows_its_pods_move() -> None:
+    s = clash_with_sandbox_container(pinned=False)
+    p = plan(s, RebalancerConfig(), victim_stays(s), s.time)
+    assert targets(p) == {"vm-a": "2-3", "vm-b": "2-3", "sbx": "2-3"} and violations(s, p) == []
+    (pinning,) = plan_vcpus(s, actions=p.actions)
+    assert pinning.affinity[200] == planned_mask(s, p, 0) == CpuSet.parse("2-3") and pinning.notes == ()
+
+
+def test_a_kata_pod_whose_sandbox_container_would_drop_its_dedicated_cpus_stays() -> None:
+    s = clash_with_sandbox_container(pinned=True)  # vm-pinned's vCPU needs CPU 7 in sbx's cgroup
+    p = plan(s, RebalancerConfig(), victim_stays(s), s.time)
+    assert targets(p) == {}
+    assert any("sandbox container sbx would hold 2-3, without the dedicated CPUs 7" in c["rejected"]
+               for c in p.considered)
