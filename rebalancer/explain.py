@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
+from perfbalance.hints import problems as annotation_problems
 from perfbalance.model import Plan, Snapshot
 from rebalancer.affinity import Pair, overlap
 from rebalancer.config import RebalancerConfig
@@ -51,7 +52,8 @@ def hints(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | No
           result: Plan) -> dict[str, list[dict[str, Any]]]:
     """{"pairs": one entry per affinity / anti-affinity pair, now and after `result`;
     "avx512": one entry per container annotated AVX-512-heavy (unmeasured, preclassified,
-    confirmed or overruled)}."""
+    confirmed or overruled); "problems": one line per hint annotation that does not parse, which
+    the planner ignores}."""
     ctx, smoothed = _context(snapshot, config, state, now)
     after = dict(ctx.base.placement)
     for a in result.actions:
@@ -59,9 +61,11 @@ def hints(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | No
             after[a.container] = CpuSet.parse(a.to).ids
     names = {s.id: _who(s.container.namespace, s.container.pod, s.container.name, s.id)
              for s in snapshot.containers}
+    keys = config.hint_keys()
     return {"pairs": [_pair(ctx, p, after, names) for p in ctx.model.pairs],
             "avx512": [{**n, "who": names.get(n["container"], n["container"])}
-                       for n in avx512_notes(ctx, smoothed)]}
+                       for n in avx512_notes(ctx, smoothed)],
+            "problems": [line for s in snapshot.containers for line in annotation_problems(s.container, keys)]}
 
 
 def _who(namespace: str, pod: str, name: str, cid: str) -> str:

@@ -141,7 +141,8 @@ def plan_json(result: Plan, seconds: float, why: str = "",
     return {"time": result.time, "plan_seconds": round(seconds, 6), "actions": result.to_json(),
             "considered": [dict(c) for c in (*result.considered, *skipped)],
             **({"no_candidate": why} if why else {}),
-            "hints": {k: [dict(n) for n in v] for k, v in (notes or {"pairs": [], "avx512": []}).items()}}
+            "hints": {k: [n if isinstance(n, str) else dict(n) for n in v]
+                      for k, v in (notes or {"pairs": [], "avx512": [], "problems": []}).items()}}
 
 
 def _is_hint_note(c: Mapping[str, Any]) -> bool:
@@ -153,7 +154,7 @@ def render_hints(notes: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
     from rebalancer.affinity import HARD_WEIGHT
 
     out: list[str] = []
-    pairs, avx = notes.get("pairs", ()), notes.get("avx512", ())
+    pairs, avx, bad = notes.get("pairs", ()), notes.get("avx512", ()), notes.get("problems", ())
     if pairs:
         out += ["", "affinity and anti-affinity "
                 f"(cost-model term in core-s/s: + costs, - earns; hard: {HARD_WEIGHT:g} x share):"]
@@ -168,6 +169,8 @@ def render_hints(notes: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
             if rec:
                 at = f" at cycle {rec['cycle']}" if "cycle" in rec else ""
                 out.append(f"  running agent{at}: {rec['state']} ({rec['reason']})")
+    if bad:
+        out += ["", "placement annotations ignored:"] + [f"- {line}" for line in bad]
     return out
 
 

@@ -50,7 +50,7 @@ def test_an_anti_affine_pair_is_explained_now_and_after_the_plan(tmp_path: Path,
 
 
 def test_without_annotations_there_are_no_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert hints(saved(tmp_path, strip(sc.anti_affinity())), capsys) == {"pairs": [], "avx512": []}
+    assert hints(saved(tmp_path, strip(sc.anti_affinity())), capsys) == {"pairs": [], "avx512": [], "problems": []}
 
 
 def test_an_affine_pair_earns_its_term_after_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +72,7 @@ def test_the_hard_pair_stays_satisfied_and_its_blocker_is_named(tmp_path: Path, 
 def test_the_text_output_has_a_line_per_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(saved(tmp_path, sc.hard_anti_affinity()))]) == 0
     out = capsys.readouterr().out
-    assert "- hard anti-affinity prod/kv-0/main / prod/kv-1/main (app=kv@numa*0.1!; numa, hard): now they share 0%" in out
+    assert "- hard anti-affinity prod/kv-0/main / prod/kv-1/main (app=kv@numa!; numa, hard): now they share 0%" in out
     assert "constraint: hard anti-affinity kv-0 / kv-1" in out  # the candidate it blocked
     assert "- affinity prod/kv-1/main / prod/web/main (app=web@numa*0.5; numa, weight 0.5)" in out
     assert "overlap" not in out.split("considered and not done:")[1].split("affinity and anti-affinity")[0]
@@ -110,3 +110,18 @@ def test_the_running_agents_verdict_is_shown_from_a_run_json_line(tmp_path: Path
     assert "running agent at cycle 7: overruled (annotation overruled" in capsys.readouterr().out
     (plain,) = hints(saved(tmp_path, annotated_avx("web-0")), capsys)["avx512"]
     assert "recorded" not in plain
+
+
+@pytest.mark.parametrize("value, ignored", [("app=stream@rack", True), ("app=stream@numa*0.5", False)])
+def test_an_annotation_that_does_not_parse_is_named_not_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  value: str, ignored: bool) -> None:
+    s = sc.anti_affinity()
+    s = replace(s, workloads=tuple(replace(w, annotations={sc.ANTI: value}) if w.id == "stream-0" else
+                                   replace(w, annotations={}) for w in s.workloads))
+    h = hints(saved(tmp_path, s), capsys)
+    assert bool(h["problems"]) is ignored and bool(h["pairs"]) is not ignored
+    if ignored:
+        (line,) = h["problems"]
+        assert "pod prod/stream-0 container main: annotation perfbalance.io/anti-affinity='app=stream@rack'" in line
+        assert main(["plan", str(saved(tmp_path, s))]) == 0
+        assert "placement annotations ignored:\n- pod prod/stream-0" in capsys.readouterr().out
