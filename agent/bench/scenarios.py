@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.hints import HintKeys, affinity_terms
+from perfbalance.hints import AffinityTerm, HintKeys, affinity_terms
 from perfbalance.model import Action, Container, KubeletState, Snapshot
 from perfbalance.topology import Topology, synthetic
 from rebalancer.config import RebalancerConfig
@@ -57,7 +57,7 @@ class Scenario:
     initial: Mapping[str, frozenset[int]]  # where the runtime put them
     events: tuple[Event, ...] = ()
     cycles: int = 40
-    unit: str = "core"  # optimum family: unions of "core" or "node"
+    unit: str = "core"  # optimum family: unions of "core", "l3" (domains) or "node"
     pmu: bool = True
     noise: float = 0.0
     planner: RebalancerConfig = RebalancerConfig()  # what the operator configured for this node
@@ -427,13 +427,16 @@ class PairOutcome:
     ok: bool  # anti-affinity: no domain of `scope` in common; affinity: the same single domain(s)
 
 
-def intents(sc: Scenario) -> list[tuple[str, str, Any]]:
+Intent = tuple[str, str, AffinityTerm]  # (annotated container, matched container, term)
+
+
+def intents(sc: Scenario) -> list[Intent]:
     """(a, b, term) for every annotated pair, from the annotations and labels, each pair once
     (the grammar of perfbalance.hints, not the planner's cost model)."""
     keys = HintKeys()
     ws = _all_workloads(sc)
     cs = {w.id: snapshot_container(w) for w in ws}
-    seen: dict[tuple[str, str, str, str], Any] = {}
+    seen: dict[tuple[str, str, str, str], Intent] = {}
     for w in sorted(ws, key=lambda w: w.id):
         for t in affinity_terms(cs[w.id], keys):
             for o in sorted(ws, key=lambda w: w.id):
@@ -450,7 +453,7 @@ def snapshot_container(w: Workload) -> Container:
 
 
 def pair_outcomes(sc: Scenario, cpus: Mapping[str, frozenset[int]],
-                  pairs: list[tuple[str, str, Any]] | None = None) -> list[PairOutcome]:
+                  pairs: list[Intent] | None = None) -> list[PairOutcome]:
     pairs = intents(sc) if pairs is None else pairs
     if not pairs:
         return []
@@ -467,7 +470,7 @@ def pair_outcomes(sc: Scenario, cpus: Mapping[str, frozenset[int]],
 
 
 def hard_broken(sc: Scenario, cpus: Mapping[str, frozenset[int]],
-                pairs: list[tuple[str, str, Any]] | None = None) -> int:
+                pairs: list[Intent] | None = None) -> int:
     """How many hard anti-affinity pairs share a domain of their scope in `cpus`."""
     return sum(1 for p in pair_outcomes(sc, cpus, pairs) if p.hard and not p.ok)
 
