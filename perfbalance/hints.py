@@ -50,7 +50,7 @@ class AffinityTerm:
 
     def describe(self) -> str:
         sel = ",".join([f"{k}={v}" for k, v in self.labels] + ([f"container={self.container}"] if self.container else []))
-        return f"{sel}@{self.scope}*{self.weight:g}{'!' if self.hard else ''}"
+        return f"{sel}@{self.scope}!" if self.hard else f"{sel}@{self.scope}*{self.weight:g}"  # hard: no weight
 
 
 def lookup(c: Container, key: str) -> tuple[str, str] | None:

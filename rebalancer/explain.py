@@ -1,9 +1,12 @@
-"""Why the planner proposed nothing: every container without a candidate of its own, and the node.
+"""Why the planner proposed nothing, and what it made of the placement annotations.
 
 `Plan.considered` names the candidates the planner scored and rejected; a container that never
 became a candidate is not in it. `perfbalance plan` asks this module for those containers: for
 each candidate kind of rebalancer/decisions.py, the container's (smoothed) numbers against the
-threshold that would have made it one. Pure, like the planner; the plan itself is untouched.
+threshold that would have made it one. It also asks `hints()` for every affinity and
+anti-affinity pair (who, scope, weight, hard, how much they share and the cost-model term's value
+now and once the plan's cpusets are applied, satisfied or not) and the AVX-512 pre-classification
+state of every annotated container. Pure, like the planner; the plan itself is untouched.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perfbalance.cpuset import CpuSet
+from perfbalance.hints import problems as annotation_problems
 from perfbalance.model import Plan, Snapshot
+from rebalancer.affinity import Pair, overlap
 from rebalancer.config import RebalancerConfig
 from rebalancer.context import Context
 from rebalancer.decisions import MAX_PER_KIND, candidates
+from rebalancer.hintnotes import avx512_notes
 from rebalancer.inputs import View, smooth
 from rebalancer.latency import co_load
 from rebalancer.state import PlannerState
@@ -24,15 +31,59 @@ def explain(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | 
             now: float, result: Plan) -> tuple[str, list[dict[str, Any]]]:
     """(why there is no candidate at all, "" when there are some; one `considered` entry of
     kind "skipped" for every container neither acted on nor named by `result.considered`)."""
-    state = state or PlannerState()
-    smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha, avx512_key=config.avx512_annotation)
-    ctx = Context.build(snapshot, config, state, smoothed, now)
+    ctx, smoothed = _context(snapshot, config, state, now)
     found = candidates(ctx, ctx.base) if config.enabled else []
     named = {a.container for a in result.actions} | {str(c.get("container", "")) for c in result.considered}
     named |= {d.primary for d in found}
     skipped = [{"kind": "skipped", "container": cid, "rejected": "no candidate: " + _container(ctx, smoothed, cid)}
                for cid in sorted(ctx.views) if cid not in named]
     return (_node(ctx, smoothed) if not found else ""), skipped
+
+
+def _context(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | None,
+             now: float) -> tuple[Context, Mapping[str, Mapping[str, float]]]:
+    """The planner's view of the snapshot, as plan() builds it (smoothed inputs, then Context)."""
+    state = state or PlannerState()
+    smoothed = smooth(snapshot, state.smoothed, config.smoothing_alpha, avx512_key=config.avx512_annotation)
+    return Context.build(snapshot, config, state, smoothed, now), smoothed
+
+
+def hints(snapshot: Snapshot, config: RebalancerConfig, state: PlannerState | None, now: float,
+          result: Plan) -> dict[str, list[dict[str, Any]]]:
+    """{"pairs": one entry per affinity / anti-affinity pair, now and after `result`;
+    "avx512": one entry per container annotated AVX-512-heavy (unmeasured, preclassified,
+    confirmed or overruled); "problems": one line per hint annotation that does not parse, which
+    the planner ignores}."""
+    ctx, smoothed = _context(snapshot, config, state, now)
+    after = dict(ctx.base.placement)
+    for a in result.actions:
+        if a.container in after and (a.kind == "cpuset" or (a.kind == "rollback" and a.undoes == "cpuset")):
+            after[a.container] = CpuSet.parse(a.to).ids
+    names = {s.id: _who(s.container.namespace, s.container.pod, s.container.name, s.id)
+             for s in snapshot.containers}
+    keys = config.hint_keys()
+    return {"pairs": [_pair(ctx, p, after, names) for p in ctx.model.pairs],
+            "avx512": [{**n, "who": names.get(n["container"], n["container"])}
+                       for n in avx512_notes(ctx, smoothed)],
+            "problems": [line for s in snapshot.containers for line in annotation_problems(s.container, keys)]}
+
+
+def _who(namespace: str, pod: str, name: str, cid: str) -> str:
+    return f"{namespace + '/' if namespace else ''}{pod}/{name or cid[:12]}" if pod else cid
+
+
+def _pair(ctx: Context, p: Pair, after: Mapping[str, frozenset[int]], names: Mapping[str, str]) -> dict[str, Any]:
+    now, later = overlap(ctx.idx, p, ctx.base.placement), overlap(ctx.idx, p, after)
+    return {"kind": p.kind, "container": p.a, "other": p.b, "who": names.get(p.a, p.a),
+            "other_who": names.get(p.b, p.b), "term": p.term, "scope": p.scope, "weight": p.weight,
+            "hard": p.hard, "overlap_now": round(now, 4), "satisfied_now": _satisfied(p, now),
+            "term_now": round(p.signed_weight * now, 6) + 0.0, "overlap_after": round(later, 4),
+            "satisfied_after": _satisfied(p, later), "term_after": round(p.signed_weight * later, 6) + 0.0}  # + 0.0: no -0
+
+
+def _satisfied(p: Pair, ov: float) -> bool:
+    """Anti-affinity: no domain of the scope in common; affinity: the same domains (overlap 1)."""
+    return ov <= 1e-9 if p.kind == "anti-affinity" else ov >= 1 - 1e-9
 
 
 def _node(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> str:

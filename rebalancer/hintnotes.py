@@ -19,10 +19,10 @@ MAX_PAIR_NOTES = 32
 
 
 def hint_notes(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
-    return _avx512(ctx, smoothed) + _pairs(ctx)
+    return avx512_notes(ctx, smoothed) + _pairs(ctx)
 
 
-def _avx512(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+def avx512_notes(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
     out = []
     keys, thr = ctx.config.hint_keys(), ctx.config.avx512_heavy_threshold
     for s in ctx.snapshot.containers:

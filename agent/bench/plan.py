@@ -4,7 +4,10 @@ For every scenario of agent.bench.scenarios it scores four strategies (no rebala
 placement-only AVX-512 tag, perfbalance in closed loop, the exhaustive optimum where feasible),
 then checks its goals: within 5 % of the optimum, >= 90 % of the avoidable AVX-512
 slowdown removed, no ping-pong over 10,000 noisy cycles, a 1000-container / 256-CPU plan in
-<= 100 ms. Planning time is CPU time of this process (time.process_time), the median of several
+<= 100 ms; and for the pods annotated with affinity or anti-affinity: every weighted anti-affine
+pair apart at its scope in the final layout (while `none` leaves some together), no hard pair
+ever together, every affine pair together wherever the optimum (which respects capacity and hard
+terms) puts it together, and no ping-pong on those scenarios either. Planning time is CPU time of this process (time.process_time), the median of several
 runs, so that other load on a shared host does not inflate it; wall time is reported beside it.
 """
 
@@ -42,7 +45,7 @@ def measure_plan_seconds(runs: int, planner: Planner = plan) -> tuple[dict[str, 
 
 def scenario_results(planner: Planner = plan) -> tuple[list[dict[str, Any]], dict[str, float]]:
     rows, ideal = [], {}
-    for make in sc.SCENARIOS:
+    for make in sc.SCENARIOS + sc.AFFINITY_SCENARIOS:
         s = make()
         opt = sc.run_optimum(s)
         results = {"none": sc.run_none(s).to_json(), "placement_tag": sc.run_placement_tag(s).to_json(),
@@ -78,6 +81,32 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, float], plan_cpu: dict[st
     }
 
 
+def pair_goals(rows: list[dict[str, Any]], pingpong: dict[str, int]) -> dict[str, Any]:
+    """The affinity goals, from the `pairs` each strategy's result carries (agent.bench.scenarios)."""
+    counts: dict[str, dict[str, Any]] = {}
+    apart = kept = together = True
+    for r in rows:
+        res = r["results"]
+        pb = res["perfbalance"].get("pairs")
+        if not pb:
+            continue
+        none, opt = res["none"]["pairs"], (res["optimum"] or {}).get("pairs")
+        soft = [i for i, p in enumerate(pb) if p["kind"] == "anti-affinity" and not p["hard"]]
+        hard = [i for i, p in enumerate(pb) if p["hard"]]
+        aff = [i for i, p in enumerate(pb) if p["kind"] == "affinity" and (opt is None or opt[i]["ok"])]
+        c = counts[r["name"]] = {k: {"of": len(ix), "perfbalance": sum(pb[i]["ok"] for i in ix),
+                                     "none": sum(none[i]["ok"] for i in ix)}
+                                 for k, ix in (("anti_apart", soft), ("hard_apart", hard),
+                                               ("affinity_together", aff)) if ix}
+        c["hard_rises"] = res["perfbalance"]["hard_rises"]
+        apart &= all(v["perfbalance"] == v["of"] > v["none"] for k, v in c.items() if k == "anti_apart")
+        kept &= c["hard_rises"] == 0 and all(v["perfbalance"] == v["of"] for k, v in c.items() if k == "hard_apart")
+        together &= all(v["perfbalance"] == v["of"] for k, v in c.items() if k == "affinity_together")
+    return {"pairs": counts, "anti_affinity_apart": apart, "hard_anti_affinity_kept": kept,
+            "affinity_together": together, "affinity_pingpong": pingpong,
+            "affinity_no_pingpong": all(v == 0 for v in pingpong.values())}
+
+
 def run(args: argparse.Namespace) -> int:
     quick = bool(getattr(args, "quick", False))
     name = getattr(args, "policy", None) or "costmodel"
@@ -97,16 +126,27 @@ def run(args: argparse.Namespace) -> int:
     early, late = sc.steady_moves(sc.avx512_large(), cycles=cycles, settle_cycles=50, planner=planner)
     pingpong = {"scenario": "avx512_vs_scalar", "cycles": cycles, "noise": 0.05,
                 "moves_while_settling": early, "moves_after_settling": late}
+    pair_cycles = 300 if quick else 2000
+    steady = {make().name: sc.steady_moves(make(), cycles=pair_cycles, settle_cycles=50, planner=planner)[1]
+              for make in sc.AFFINITY_SCENARIOS}
     cpu, wall = measure_plan_seconds(3 if quick else 7, planner)
     out = {"policy": name, "scenarios": rows, "plan_seconds": {k: round(v, 5) for k, v in cpu.items()},
            "plan_wall_seconds": {k: round(v, 5) for k, v in wall.items()},
-           "goals": goals(rows, ideal, cpu, pingpong)}
+           "goals": {**goals(rows, ideal, cpu, pingpong), **pair_goals(rows, steady)}}
     if getattr(args, "json", False):
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(out))
     return 0
+
+
+def _pairs_cell(res: dict[str, Any] | None) -> str:
+    """`  pairs 2/3 as asked (hard rejoined 0x)` for results of annotated scenarios."""
+    if not res or not res.get("pairs"):
+        return ""
+    ok = sum(p["ok"] for p in res["pairs"])
+    return f"  pairs {ok}/{len(res['pairs'])} as asked (hard rejoined {res['hard_rises']}x)"
 
 
 def render(out: dict[str, Any]) -> str:
@@ -117,7 +157,7 @@ def render(out: dict[str, Any]) -> str:
             res = r["results"][strat]
             vals = (f"{res['victim_slowdown']:>15.1%} {res['throughput']:>11.3f}" if res
                     else f"{'n/a (too large)':>16} {'':>11}")
-            lines.append(f"{r['name']:<24} {strat:<14} {vals}")
+            lines.append(f"{r['name']:<24} {strat:<14} {vals}{_pairs_cell(res)}")
     lines.append("")
     for k, v in out["plan_seconds"].items():
         lines.append(f"plan {k:<9} {v * 1000:8.1f} ms CPU  ({out['plan_wall_seconds'][k] * 1000:.1f} ms wall)")

@@ -7,10 +7,13 @@ Strategies, each ending in a placement the simulator scores:
   other tagged ones are, untagged ones where fewest are; nothing ever moves afterwards;
 * perfbalance: the planner run in closed loop with the simulator (10 s cycles);
 * optimum: exhaustive search over a candidate family of cpusets (unions of whole cores, or of
-  NUMA nodes for the bandwidth scenario) respecting the constraints; None when too large.
+  L3 domains or NUMA nodes) respecting the constraints (CPU requests, hard anti-affinity); None
+  when too large.
 
 Victim slowdown = 1 - mean performance of the containers marked `victim`; throughput = sum of
-every container's performance (1.0 = as fast as alone). Pure functions; `agent/bench/plan.py`
+every container's performance (1.0 = as fast as alone). Where pods carry affinity annotations,
+each result also says, per annotated pair, whether the final placement gives it what it asks for
+and how often a hard anti-affinity pair came (back) together. Pure functions; `agent/bench/plan.py`
 times and prints them.
 """
 
@@ -23,7 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
-from perfbalance.model import Action, KubeletState, Snapshot
+from perfbalance.hints import AffinityTerm, HintKeys, affinity_terms
+from perfbalance.model import Action, Container, KubeletState, Snapshot
 from perfbalance.topology import Topology, synthetic
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import requests_fit
@@ -53,7 +57,7 @@ class Scenario:
     initial: Mapping[str, frozenset[int]]  # where the runtime put them
     events: tuple[Event, ...] = ()
     cycles: int = 40
-    unit: str = "core"  # optimum family: unions of "core" or "node"
+    unit: str = "core"  # optimum family: unions of "core", "l3" (domains) or "node"
     pmu: bool = True
     noise: float = 0.0
     planner: RebalancerConfig = RebalancerConfig()  # what the operator configured for this node
@@ -64,10 +68,17 @@ class Result:
     victim_slowdown: float
     throughput: float
     moves: int = 0
+    pairs: tuple[PairOutcome, ...] = ()  # annotated pairs in the final placement
+    hard_rises: int = 0  # cycles in which a hard anti-affinity pair came (back) together
 
-    def to_json(self) -> dict[str, float]:
-        return {"victim_slowdown": round(self.victim_slowdown, 4), "throughput": round(self.throughput, 4),
-                "moves": self.moves}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"victim_slowdown": round(self.victim_slowdown, 4),
+                               "throughput": round(self.throughput, 4), "moves": self.moves}
+        if self.pairs:
+            out["pairs"] = [{"a": p.a, "b": p.b, "kind": p.kind, "scope": p.scope, "hard": p.hard, "ok": p.ok}
+                            for p in self.pairs]
+            out["hard_rises"] = self.hard_rises
+        return out
 
 
 def score(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, frozenset[int]],
@@ -131,6 +142,8 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
     state: Any = None  # the policy's own state type (PlannerState for the cost model)
     rng = random.Random(sc.name)
     moves, slow_sum, thr_sum, samples = 0, 0.0, 0.0, 0
+    ints = intents(sc)
+    broken, rises = hard_broken(sc, cpus, ints), 0
     for cycle in range(sc.cycles):
         for e in sc.events:
             if e.cycle == cycle:
@@ -141,13 +154,17 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
             p = planner(snap, config, state, cycle * INTERVAL)
             state = p.state
             moves += apply(p.actions, cpus, classes)
+        now_broken = hard_broken(sc, cpus, ints)
+        rises, broken = rises + (now_broken > broken), now_broken
         if sc.events and cycle >= sc.cycles // 4:
             s, t = score(sc.node, list(live.values()), cpus, classes)
             slow_sum, thr_sum, samples = slow_sum + s, thr_sum + t, samples + 1
+    pairs = tuple(pair_outcomes(sc, cpus, ints))
     if samples:
-        return Result(victim_slowdown=slow_sum / samples, throughput=thr_sum / samples, moves=moves)
+        return Result(victim_slowdown=slow_sum / samples, throughput=thr_sum / samples, moves=moves,
+                      pairs=pairs, hard_rises=rises)
     s, t = score(sc.node, list(live.values()), cpus, classes)
-    return Result(victim_slowdown=s, throughput=t, moves=moves)
+    return Result(victim_slowdown=s, throughput=t, moves=moves, pairs=pairs, hard_rises=rises)
 
 
 def _event(sc: Scenario, e: Event, live: dict[str, Workload], cpus: dict[str, frozenset[int]],
@@ -181,7 +198,7 @@ def family(sc: Scenario) -> list[frozenset[int]]:
     """Candidate cpusets: non-empty unions of whole cores (or NUMA nodes) of the shared pool."""
     idx = TopoIndex.build(sc.node.topology)
     shared = pool(sc.node)
-    units = idx.nodes.values() if sc.unit == "node" else idx.cores.values()
+    units = {"node": idx.nodes, "l3": idx.l3s}.get(sc.unit, idx.cores).values()
     usable = [u & shared for u in units if u & shared]
     if sc.unit == "core":
         usable = [u for u in usable if u == idx.whole_cores(u) & shared]
@@ -200,16 +217,19 @@ def run_optimum(sc: Scenario) -> Result | None:
     if len(fam) ** len(movable) > MAX_OPTIMUM_EVALS:
         return None
     requests = {w.id: w.request_mcpu for w in sc.workloads}
-    best: tuple[float, float] | None = None
+    hard = [i for i in intents(sc) if i[2].hard]
+    best: tuple[float, float, dict[str, frozenset[int]]] | None = None
     for combo in itertools.product(fam, repeat=len(movable)):
         cpus = dict(sc.initial)
         cpus.update({w.id: s for w, s in zip(movable, combo)})
-        if not all(requests_fit(cpus, requests, s) for s in set(combo)):
+        if not all(requests_fit(cpus, requests, s) for s in set(combo)) or hard_broken(sc, cpus, hard):
             continue
         slow, thr = score(sc.node, sc.workloads, cpus)
         if best is None or thr > best[1] + 1e-12:
-            best = (slow, thr)
-    return None if best is None else Result(victim_slowdown=best[0], throughput=best[1])
+            best = (slow, thr, cpus)
+    if best is None:
+        return None
+    return Result(victim_slowdown=best[0], throughput=best[1], pairs=tuple(pair_outcomes(sc, best[2])))
 
 
 def ideal_without_avx_penalty(sc: Scenario) -> Result:
@@ -317,6 +337,142 @@ def kubelet_static() -> Scenario:
 SCENARIOS: tuple[Callable[[], Scenario], ...] = (
     avx512_small, avx512_large, cache_thrasher, bandwidth_hog, churn, fragmented_2socket,
     kubelet_static)
+
+
+# -- affinity and anti-affinity (pod annotations, docs/classes.md) ------------------------------------
+
+ANTI, AFF = "perfbalance.io/anti-affinity", "perfbalance.io/affinity"
+
+
+def _pod(wid: str, app: str, *, ann: Mapping[str, str] | None = None, **kw: Any) -> Workload:
+    """A workload with the metadata discovery gives: pod `wid` in namespace `prod`, label app=`app`,
+    its pod's annotations, container name `main`."""
+    return Workload(id=wid, pod=wid, pod_uid=f"uid-{wid}", namespace="prod", name="main",
+                    labels={"app": app}, annotations=dict(ann or {}), **kw)
+
+
+def anti_affinity() -> Scenario:
+    """Two streaming replicas that should not share a NUMA node (the node's memory bandwidth, which
+    the planner is not told, is what they really fight over) and two key-value replicas that should
+    not share cores, each with a weight. All start on NUMA node 0."""
+    topo = synthetic(packages=2, cores_per_node=4, l3_size_bytes=16 * MIB, cpu_model=SKYLAKE)
+    hog = dict(mpki_ref=60.0, ref_cache=4 * MIB, working_set=4 * GIB, cpi_core=0.7, memory_bytes=2 * GIB)
+    kv = dict(mpki_ref=2.0, working_set=8 * MIB, victim=True)
+    ws = (_pod("stream-0", "stream", ann={ANTI: "app=stream@numa*0.5"}, demand=1.0, request_mcpu=1000, **hog),
+          _pod("stream-1", "stream", ann={ANTI: "app=stream@numa*0.5"}, demand=1.0, request_mcpu=1000, **hog),
+          _pod("kv-0", "kv", ann={ANTI: "app=kv@core*0.2"}, demand=1.0, request_mcpu=1000, **kv),
+          _pod("kv-1", "kv", demand=1.0, request_mcpu=1000, **kv))
+    node0 = topo.nodes()[0].ids
+    return Scenario(name="anti_affinity", node=_node(topo, bandwidth_per_node=4e9), workloads=ws,
+                    initial={w.id: node0 for w in ws}, unit="node")
+
+
+def affinity() -> Scenario:
+    """A producer and its consumer that exchange cache lines (same L3 wanted), an API server and
+    the database it talks to (same NUMA node wanted; the database has kubelet-dedicated CPU 7),
+    started apart as a spreading scheduler would leave them."""
+    topo = synthetic(packages=2, cores_per_node=4, l3_per_package=2, l3_size_bytes=16 * MIB,
+                     cpu_model=SKYLAKE)  # L3 domains {0,1} {2,3} {4,5} {6,7}; nodes 0-3, 4-7
+    kubelet = KubeletState(policy="static", default_cpuset=CpuSet.parse("0-6"),
+                           exclusive={("uid-db", "main"): CpuSet.parse("7")})
+    ws = (_pod("producer", "ingest", demand=1.0, request_mcpu=500, mpki_ref=1.0,
+               talks_to=(("consumer", 2.0),)),
+          _pod("consumer", "index", ann={AFF: "app=ingest@l3*0.3"}, demand=1.0, request_mcpu=500,
+               mpki_ref=1.0, talks_to=(("producer", 2.0),), victim=True),
+          _pod("api", "api", ann={AFF: "app=db@numa*0.2"}, demand=1.0, request_mcpu=500, mpki_ref=1.0,
+               talks_to=(("db", 1.0),), victim=True),
+          _pod("db", "db", demand=1.0, request_mcpu=1000, exclusive=True, mpki_ref=1.0,
+               talks_to=(("api", 1.0),)))
+    initial = {"producer": CpuSet.parse("0-1").ids, "consumer": CpuSet.parse("4-5").ids,
+               "api": CpuSet.parse("2-3").ids, "db": CpuSet.parse("7").ids}
+    return Scenario(name="affinity", node=_node(topo, kubelet=kubelet), workloads=ws, initial=initial,
+                    unit="l3")
+
+
+def hard_anti_affinity() -> Scenario:
+    """A cache (kv-1) that wants the NUMA node of its client (web, dedicated CPU 5) and whose
+    replica (kv-0, dedicated CPU 4 on that node) is marked hard: never on the same NUMA node.
+    Node 1 has a free shareable CPU (3), so only the hard term keeps kv-1 where it is."""
+    topo = synthetic(packages=2, cores_per_node=3, l3_size_bytes=16 * MIB, cpu_model=SKYLAKE)
+    kubelet = KubeletState(policy="static", default_cpuset=CpuSet.parse("0-3"),
+                           exclusive={("uid-kv-0", "main"): CpuSet.parse("4"),
+                                      ("uid-web", "main"): CpuSet.parse("5")})
+    kv = dict(mpki_ref=2.0, working_set=8 * MIB)
+    ws = (_pod("web", "web", demand=1.0, request_mcpu=1000, exclusive=True, mpki_ref=1.0,
+               talks_to=(("kv-1", 1.0),)),
+          _pod("kv-0", "kv", ann={ANTI: "app=kv@numa!"}, demand=1.0, request_mcpu=1000, exclusive=True, **kv),
+          _pod("kv-1", "kv", ann={AFF: "app=web@numa*0.5"}, demand=1.0, request_mcpu=500, victim=True,
+               talks_to=(("web", 1.0),), **kv),
+          _pod("batch", "batch", demand=1.0, request_mcpu=500, mpki_ref=0.5))
+    initial = {"web": CpuSet.parse("5").ids, "kv-0": CpuSet.parse("4").ids,
+               "kv-1": CpuSet.parse("0-1").ids, "batch": CpuSet.parse("0-3").ids}
+    return Scenario(name="hard_anti_affinity", node=_node(topo, kubelet=kubelet), workloads=ws,
+                    initial=initial)
+
+
+# Beside SCENARIOS, not in it: the golden plans (tests/data/plan_golden.json.gz) cover SCENARIOS
+# as planned before these terms existed.
+AFFINITY_SCENARIOS: tuple[Callable[[], Scenario], ...] = (anti_affinity, hard_anti_affinity, affinity)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairOutcome:
+    """One annotated pair (unordered) and whether a placement gives the pair what it asks for."""
+
+    a: str
+    b: str
+    kind: str
+    scope: str
+    hard: bool
+    ok: bool  # anti-affinity: no domain of `scope` in common; affinity: the same single domain(s)
+
+
+Intent = tuple[str, str, AffinityTerm]  # (annotated container, matched container, term)
+
+
+def intents(sc: Scenario) -> list[Intent]:
+    """(a, b, term) for every annotated pair, from the annotations and labels, each pair once
+    (the grammar of perfbalance.hints, not the planner's cost model)."""
+    keys = HintKeys()
+    ws = _all_workloads(sc)
+    cs = {w.id: snapshot_container(w) for w in ws}
+    seen: dict[tuple[str, str, str, str], Intent] = {}
+    for w in sorted(ws, key=lambda w: w.id):
+        for t in affinity_terms(cs[w.id], keys):
+            for o in sorted(ws, key=lambda w: w.id):
+                if o.id != w.id and t.matches(cs[o.id]):
+                    key = (*sorted((w.id, o.id)), t.kind, t.scope)
+                    if key not in seen or t.hard:
+                        seen[key] = (w.id, o.id, t)
+    return [seen[k] for k in sorted(seen)]
+
+
+def snapshot_container(w: Workload) -> Container:
+    return Container(id=w.id, name=w.name or w.id, pod=w.pod, namespace=w.namespace, cgroup=f"sim/{w.id}",
+                     labels=dict(w.labels), annotations=dict(w.annotations))
+
+
+def pair_outcomes(sc: Scenario, cpus: Mapping[str, frozenset[int]],
+                  pairs: list[Intent] | None = None) -> list[PairOutcome]:
+    pairs = intents(sc) if pairs is None else pairs
+    if not pairs:
+        return []
+    idx = TopoIndex.build(sc.node.topology)
+    of = {"core": idx.core_of, "l3": idx.l3_of, "numa": idx.node_of}
+    out = []
+    for a, b, t in pairs:
+        if a not in cpus or b not in cpus:
+            continue
+        da, db = ({of[t.scope][c] for c in cpus[x]} for x in (a, b))
+        ok = da.isdisjoint(db) if t.kind == "anti-affinity" else da == db and len(da) == 1
+        out.append(PairOutcome(a=a, b=b, kind=t.kind, scope=t.scope, hard=t.hard, ok=ok))
+    return out
+
+
+def hard_broken(sc: Scenario, cpus: Mapping[str, frozenset[int]],
+                pairs: list[Intent] | None = None) -> int:
+    """How many hard anti-affinity pairs share a domain of their scope in `cpus`."""
+    return sum(1 for p in pair_outcomes(sc, cpus, pairs) if p.hard and not p.ok)
 
 
 # -- planning-time instances -------------------------------------------------------------------------

@@ -15,9 +15,18 @@ cost model (the planner estimates from measurements; this module is the ground t
   member's share; solved by fixed-point iteration together with bandwidth;
 * memory: loaded latency L(u) = L_idle x factor(u) (flat to 40 %, 1.5x at 80 %, +5x per unit
   beyond) of the node's sustainable bandwidth; bandwidth = misses x 64 B;
-* CPI = CPI_core + MPKI/1000 x L(u) x f / MLP; instructions/s = granted CPU x f / CPI;
+* sharing with a partner (producer/consumer, `talks_to`): T transfers of shared cache lines per
+  1000 instructions, each served at the distance between the two: same L3 domain COMM_L3
+  (20 ns), another L3 of the same NUMA node COMM_DIE (50 ns), another NUMA node COMM_REMOTE
+  (120 ns), weighted by the fractions of their cpusets in each domain; this is what affinity
+  annotations ask the planner for, and the planner never sees T;
+* CPI = CPI_core + (MPKI/1000 x L(u) + T/1000 x L_comm) x f / MLP; instructions/s = granted CPU x f / CPI;
 * a container's performance is its instructions/s over what it would get alone on the node
-  (full demand, no license unless it is AVX-512 itself, cache up to its working set, idle memory).
+  (full demand, no license unless it is AVX-512 itself, cache up to its working set, idle memory,
+  its partners in the same L3 domain).
+
+A workload carries the pod metadata discovery would give (pod, namespace, pod labels,
+annotations), so annotations such as affinity reach the planner as they would on a node.
 
 Pure: no I/O, no clock; noise comes from a seeded `random.Random` passed in.
 """
@@ -40,6 +49,7 @@ LINE = 64
 MIB = 1 << 20
 GIB = 1 << 30
 RELAX = 1.2  # license held a little beyond the AVX-512 busy time
+COMM_L3, COMM_DIE, COMM_REMOTE = 20e-9, 50e-9, 120e-9  # shared-line transfer latency by distance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +70,11 @@ class Workload:
     victim: bool = False  # counted in the victim slowdown
     pod_uid: str = ""
     name: str = ""
+    pod: str = ""
+    namespace: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)  # the pod's labels
+    annotations: Mapping[str, str] = field(default_factory=dict)  # the pod's annotations
+    talks_to: tuple[tuple[str, float], ...] = ()  # (partner id, shared-line transfers per 1000 instr.)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +120,8 @@ def alone_ips(node: Node, w: Workload) -> float:
     c = min(w.working_set, float(node.topology.l3_size_bytes or w.working_set))
     mpki = _mpki(w, c, node.llc_alpha)
     f = 1.0 - (node.license_loss if w.avx512 else 0.0)
-    cpi = w.cpi_core + mpki / 1000.0 * node.latency_s * f * node.f0_hz / w.mlp
+    stall = mpki / 1000.0 * node.latency_s + sum(t for _, t in w.talks_to) / 1000.0 * COMM_L3
+    cpi = w.cpi_core + stall * f * node.f0_hz / w.mlp
     return max(w.demand, 1e-9) * f * node.f0_hz / cpi
 
 
@@ -171,10 +187,11 @@ def _memory_fixed_point(node: Node, idx: TopoIndex, wl: Mapping[str, Workload],
     size = float(node.topology.l3_size_bytes or 32 * MIB)
     lat = {n: node.latency_s for n in idx.nodes}
     per_domain = {cid: {d: size for d in l3f[cid]} for cid in wl}
+    comm = {cid: _comm_stall(w, l3f, nodef) for cid, w in wl.items()}
     for _ in range(8):
         mpki = {cid: sum(f * _mpki(w, per_domain[cid][d], node.llc_alpha) for d, f in l3f[cid].items())
                 for cid, w in wl.items()}
-        cpi, ips = _cpi_ips(node, wl, nodef, lat, granted, freq, mpki)
+        cpi, ips = _cpi_ips(node, wl, nodef, lat, granted, freq, mpki, comm)
         misses = {cid: mpki[cid] / 1000.0 * ips[cid] for cid in wl}
         per_domain = _llc_shares(node, wl, l3f, classes, misses, size)
         lat = _latencies(node, idx, wl, nodef, misses)
@@ -182,14 +199,29 @@ def _memory_fixed_point(node: Node, idx: TopoIndex, wl: Mapping[str, Workload],
     return cache, mpki, cpi, ips
 
 
+def _comm_stall(w: Workload, l3f: Mapping[str, Mapping[int, float]],
+                nodef: Mapping[str, Mapping[int, float]]) -> float:
+    """Seconds of shared-line transfer per instruction: each partner's transfers at the expected
+    distance (probability of the same L3 domain, of the same NUMA node, else remote)."""
+    out = 0.0
+    for partner, t in w.talks_to:
+        if partner not in l3f:
+            continue
+        same_l3 = sum(f * l3f[partner].get(d, 0.0) for d, f in l3f[w.id].items())
+        same_node = sum(f * nodef[partner].get(n, 0.0) for n, f in nodef[w.id].items())
+        lat = same_l3 * COMM_L3 + (same_node - same_l3) * COMM_DIE + (1.0 - same_node) * COMM_REMOTE
+        out += t / 1000.0 * lat
+    return out
+
+
 def _cpi_ips(node: Node, wl: Mapping[str, Workload], nodef: Mapping[str, Mapping[int, float]],
              lat: Mapping[int, float], granted: Mapping[str, float], freq: Mapping[str, float],
-             mpki: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+             mpki: Mapping[str, float], comm: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
     cpi, ips = {}, {}
     for cid, w in wl.items():
         f_hz = freq[cid] * node.f0_hz
         latency = sum(frac * lat[n] for n, frac in nodef[cid].items())
-        cpi[cid] = w.cpi_core + mpki[cid] / 1000.0 * latency * f_hz / w.mlp
+        cpi[cid] = w.cpi_core + (mpki[cid] / 1000.0 * latency + comm[cid]) * f_hz / w.mlp
         ips[cid] = granted[cid] * f_hz / cpi[cid]
     return cpi, ips
 
@@ -242,6 +274,8 @@ def snapshot(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, froze
             m = {k: v * max(0.0, 1.0 + rng.gauss(0.0, noise)) if k != "avx512_heavy" else v
                  for k, v in m.items()}
         c = Container(id=w.id, name=w.name or w.id, pod_uid=w.pod_uid, cgroup=f"sim/{w.id}",
+                      pod=w.pod, namespace=w.namespace, labels=dict(w.labels),
+                      annotations=dict(w.annotations),
                       qos="guaranteed" if w.exclusive else "burstable",
                       cpuset=CpuSet(cpus[w.id]), mems=CpuSet(idx.nodes_of(cpus[w.id])),
                       request_mcpu=w.request_mcpu, memory_bytes=w.memory_bytes,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from perfbalance.topology import synthetic
+from rebalancer import plan
 from agent.bench import scenarios as sc
-from agent.bench.sim import GIB, MIB, Node, Workload, simulate
+from agent.bench.sim import GIB, MIB, Node, Workload, simulate, snapshot
 
 from rb_builders import topo
 
@@ -70,3 +73,87 @@ def test_steady_state_stays_steady_under_noise() -> None:
 
 def test_optimum_is_none_when_too_large() -> None:
     assert sc.run_optimum(sc.avx512_large()) is None
+
+
+# -- affinity and anti-affinity scenarios -------------------------------------------------------------
+
+def test_partners_in_one_l3_domain_run_faster_than_across_nodes() -> None:
+    node = Node(topology=synthetic(packages=2, cores_per_node=2, l3_size_bytes=16 * MIB))
+    ws = [Workload(id="p", demand=1.0, talks_to=(("c", 2.0),)), Workload(id="c", demand=1.0, talks_to=(("p", 2.0),))]
+    near = simulate(node, ws, {"p": frozenset({0}), "c": frozenset({1})})
+    far = simulate(node, ws, {"p": frozenset({0}), "c": frozenset({2})})
+    assert near["c"].perf == pytest.approx(1.0) and far["c"].perf < 0.9
+
+
+def test_without_partners_distance_does_not_matter() -> None:  # the control
+    node = Node(topology=synthetic(packages=2, cores_per_node=2, l3_size_bytes=16 * MIB))
+    ws = [Workload(id="p", demand=1.0), Workload(id="c", demand=1.0)]
+    near = simulate(node, ws, {"p": frozenset({0}), "c": frozenset({1})})
+    far = simulate(node, ws, {"p": frozenset({0}), "c": frozenset({2})})
+    assert near["c"].perf == far["c"].perf
+
+
+def test_the_snapshot_carries_pod_labels_and_annotations() -> None:
+    s = sc.anti_affinity()
+    c = snapshot(s.node, s.workloads, s.initial, time=0.0).by_id()["stream-0"].container
+    assert (c.pod, c.namespace, c.name, c.pod_uid) == ("stream-0", "prod", "main", "uid-stream-0")
+    assert c.labels == {"app": "stream"} and c.annotations == {sc.ANTI: "app=stream@numa*0.5"}
+
+
+def without(s: sc.Scenario, strip: str) -> sc.Scenario:
+    """The scenario with its annotations gone ("all") or their hard marks dropped ("!")."""
+    ws = tuple(replace(w, annotations={} if strip == "all" else
+                       {k: v.replace("!", "") for k, v in w.annotations.items()}) for w in s.workloads)
+    return replace(s, workloads=ws)
+
+
+def outcomes(s: sc.Scenario, ran: sc.Scenario) -> dict[tuple[str, str], bool]:
+    """The pairs of `s` (as annotated) judged in the final layout of a closed loop over `ran`."""
+    cpus = final_layout(ran)
+    return {(p.a, p.b): p.ok for p in sc.pair_outcomes(s, cpus)}
+
+
+def final_layout(s: sc.Scenario) -> dict[str, frozenset[int]]:
+    cpus, classes, state = dict(s.initial), {}, None
+    for cycle in range(s.cycles):
+        p = plan(snapshot(s.node, s.workloads, cpus, classes, time=cycle * 10.0), s.planner, state, cycle * 10.0)
+        state = p.state
+        sc.apply(p.actions, cpus, classes)
+    return cpus
+
+
+@pytest.mark.parametrize("annotated", [True, False])
+def test_anti_affine_streams_end_on_different_numa_nodes(annotated: bool) -> None:
+    s = sc.anti_affinity()
+    got = outcomes(s, s if annotated else without(s, "all"))
+    assert got[("stream-0", "stream-1")] is annotated  # without the term the planner sees no reason
+    assert not any(p.ok for p in sc.run_none(s).pairs)
+
+
+@pytest.mark.parametrize("strip, kept", [("", True), ("!", False)])
+def test_the_hard_pair_never_shares_a_numa_node(strip: str, kept: bool) -> None:
+    s = sc.hard_anti_affinity()
+    got = outcomes(s, without(s, strip) if strip else s)
+    assert got[("kv-0", "kv-1")] is kept  # soft, the affinity to web wins and kv-1 joins kv-0's node
+    if kept:
+        r = sc.run_perfbalance(s)
+        assert r.hard_rises == 0 and sc.run_optimum(s).pairs[0].ok
+
+
+@pytest.mark.parametrize("annotated", [True, False])
+def test_affine_pairs_end_together(annotated: bool) -> None:
+    s = sc.affinity()
+    got = outcomes(s, s if annotated else without(s, "all"))
+    assert got == {("api", "db"): annotated, ("consumer", "producer"): annotated}
+
+
+@pytest.mark.parametrize("make", sc.AFFINITY_SCENARIOS)
+def test_affinity_scenarios_are_within_5_percent_of_the_optimum(make) -> None:  # type: ignore[no-untyped-def]
+    s = make()
+    assert sc.run_perfbalance(s).throughput >= 0.95 * sc.run_optimum(s).throughput
+
+
+@pytest.mark.parametrize("make", sc.AFFINITY_SCENARIOS)
+def test_affinity_scenarios_do_not_ping_pong(make) -> None:  # type: ignore[no-untyped-def]
+    early, late = sc.steady_moves(make(), cycles=300, settle_cycles=50, noise=0.05)
+    assert late == 0
