@@ -76,6 +76,8 @@ class Parts:
         self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
         # a container NRI reports started gets its classes at once, not at the next cycle
         self.early = EarlyClasses(self.classes, self._find_started, enabled=lambda: not self.config.agent.dry_run)
+        rt = config.runtime  # read at start, like the rest of the runtime: section
+        self.runtime_classes = {"blockio": rt.nri_blockio_classes, "rdt": rt.nri_rdt_classes}
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
                                   **dict.fromkeys(ACTION_KINDS, self.classes)})
         if not self.classes.uses("rdt"):  # no resctrl: the refusal says why (ResctrlError, ENODEV)
@@ -148,6 +150,8 @@ class Parts:
     def start(self) -> None:
         """At agent start: the NRI session (its own thread; cgroupfs until it is connected)."""
         self.early.start()
+        for line in self.classes.unknown_names(self.runtime_classes):
+            log.warning("runtime.nri_%s", line)
         self.nri.start()
 
     def actuation(self) -> dict[str, object]:
@@ -162,11 +166,10 @@ class Parts:
     def _classes_at_creation(self, pod: Pod, ctr: Ctr) -> dict[str, str]:
         """NRI CreateContainer: the classes to hand to the runtime (only names the operator
         listed in runtime.nri_blockio_classes / nri_rdt_classes; docs/nri.md)."""
-        rt = self.config.runtime
-        known = {"blockio": rt.nri_blockio_classes, "rdt": rt.nri_rdt_classes}
-        if self.config.agent.dry_run or not any(known.values()):
+        if self.config.agent.dry_run or not any(self.runtime_classes.values()):
             return {}
-        return self.classes.at_creation(container_of(pod, ctr, podmeta.options_from_config(self.config)), known)
+        return self.classes.at_creation(container_of(pod, ctr, podmeta.options_from_config(self.config)),
+                                        self.runtime_classes)
 
     def _find_started(self, container_id: str) -> Container | None:
         """A container NRI reports started, as this cycle's discovery would see it."""

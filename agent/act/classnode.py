@@ -143,6 +143,20 @@ class ClassNode:
                          "applied by the agent after start", name, d.wanted, container.id[:12], name)
         return out
 
+    def unknown_names(self, known: Mapping[str, Collection[str]]) -> list[str]:
+        """Runtime class names (runtime.nri_*_classes) that name no class here: never handed
+        over, since no decision picks them; said once at start, as a likely typo."""
+        out = []
+        for name, names in known.items():
+            slot = self.manager.slots.get(name)
+            configured = slot.rules.allow_annotation if slot is not None else {}
+            bad = sorted(set(names) - set(configured))
+            if bad:
+                where = "configured: " + (", ".join(sorted(configured)) or "none") if slot is not None \
+                    else f"{name} classes not in use on this node ({self.reasons.get(name, 'unknown')})"
+                out.append(f"{name}_classes: {', '.join(bad)} never handed to the runtime ({where})")
+        return out
+
     def _log(self, cycle: ClassCycle) -> list[str]:
         for ch in cycle.changes:
             log.info("%s class of %s: %r -> %r (%s)", ch.controller, ch.container, ch.frm or None,

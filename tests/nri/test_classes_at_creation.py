@@ -103,3 +103,11 @@ def test_a_container_started_before_the_first_discovery_waits_for_it(node) -> No
     assert not node.ready
     assert node.admit([Container(id="c1", cgroup="gone/c1", qos="besteffort")]) == []
     assert node.manager.class_of("blockio", "c1") == ""
+
+
+def test_runtime_names_that_name_no_class_are_said_once(node) -> None:  # type: ignore[no-untyped-def]
+    assert node.unknown_names({"blockio": ("slow",), "rdt": ()}) == []  # control
+    (line,) = node.unknown_names({"blockio": ("slow", "gld"), "rdt": ()})
+    assert line == "blockio_classes: gld never handed to the runtime (configured: bulk, slow)"
+    (line,) = node.unknown_names({"rdt": ("gold",)})
+    assert line.startswith("rdt_classes: gold never handed to the runtime (rdt classes not in use")
