@@ -68,7 +68,7 @@ class Parts:
         self._make_collectors()
         self.nri = NriRuntime(NriSettings.from_config(config.runtime),
                               kubelet=KubeletStateReader(config.host.kubelet_root).read,
-                              classes=self._classes_at_creation, started=lambda pod, ctr: self.early.started(ctr.id),
+                              classes=self._classes_at_creation, started=self._started,
                               applied=lambda: {cid: Placement(cpus=str(cpus), mems=str(mems))
                                                for cid, (_, cpus, mems) in self.cpusets.applied().items()})
         self._actuation_written: dict[str, object] = {}
@@ -170,6 +170,11 @@ class Parts:
             return {}
         return self.classes.at_creation(container_of(pod, ctr, podmeta.options_from_config(self.config)),
                                         self.runtime_classes)
+
+    def _started(self, pod: Pod, ctr: Ctr) -> None:
+        """NRI StartContainer (the session's thread): classes now, for a container a rule concerns."""
+        if self.classes.wants_class(container_of(pod, ctr, podmeta.options_from_config(self.config))):
+            self.early.started(ctr.id)
 
     def _find_started(self, container_id: str) -> Container | None:
         """A container NRI reports started, as this cycle's discovery would see it."""

@@ -143,6 +143,11 @@ class ClassNode:
                          "applied by the agent after start", name, d.wanted, container.id[:12], name)
         return out
 
+    def wants_class(self, container: Container) -> bool:
+        """Whether any controller would put the container in a class (or report its annotation):
+        a container that no rule concerns is not worth a discovery at start."""
+        return any((d := decide(container, slot.rules)).wanted or d.error for slot in self.manager.slots.values())
+
     def unknown_names(self, known: Mapping[str, Collection[str]]) -> list[str]:
         """Runtime class names (runtime.nri_*_classes) that name no class here: never handed
         over, since no decision picks them; said once at start, as a likely typo."""

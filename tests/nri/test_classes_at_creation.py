@@ -111,3 +111,14 @@ def test_runtime_names_that_name_no_class_are_said_once(node) -> None:  # type: 
     assert line == "blockio_classes: gld never handed to the runtime (configured: bulk, slow)"
     (line,) = node.unknown_names({"rdt": ("gold",)})
     assert line.startswith("rdt_classes: gold never handed to the runtime (rdt classes not in use")
+
+
+def test_only_containers_a_class_rule_concerns_are_looked_up_at_start(tmp_path, node) -> None:  # type: ignore[no-untyped-def]
+    options = EnrichOptions(annotation_prefixes=("blockio.perfbalance.io/class",))
+    ctr = Ctr(id="c1", pod_id="sandbox", name="main")
+    assert node.wants_class(container_of(pod(), ctr, options))  # besteffort: QoS default "bulk"
+    burstable = Pod(id="sandbox", name="web", uid=UID, namespace="shop", cgroup_parent=f"/kubepods/burstable/pod{UID}")
+    assert not node.wants_class(container_of(burstable, ctr, options))  # no rule for it
+    bad = Pod(id="sandbox", name="web", uid=UID, namespace="shop", cgroup_parent=f"/kubepods/burstable/pod{UID}",
+              annotations={"blockio.perfbalance.io/class": "gold"})
+    assert node.wants_class(container_of(bad, ctr, options))  # its bad annotation is reported

@@ -222,7 +222,8 @@ def test_listed_class_is_set_by_the_runtime_at_creation_others_by_the_agent_at_s
         for cid in (slow, other, plain):
             kube.start(cid)
         assert agent.parts is not None
-        assert wait_for(lambda: agent.parts.early.counters["admitted_total"] >= 3, 20), agent.parts.early.counters
+        # slow and other; plain concerns no class rule (not even a QoS default): not looked up
+        assert wait_for(lambda: agent.parts.early.counters["admitted_total"] >= 2, 20), agent.parts.early.counters
         # the agent applied "other" itself right after start; "slow" stays; "plain" has nothing
         assert f"{dev} {OTHER_IOPS}" in throttle(kube, other_cfg, other, "read_iops")
         assert f"{dev} {SLOW_BPS}" in throttle(kube, slow_cfg, slow, "write_bps")
@@ -246,7 +247,7 @@ def test_by_default_the_agent_applies_the_class_right_after_start(containerd, ku
         kube.start(plain)
         assert agent.parts is not None
         assert wait_for(lambda: f"{dev} {SLOW_BPS}" in throttle(kube, slow_cfg, slow, "write_bps"), 10)
-        assert wait_for(lambda: agent.parts.early.counters["admitted_total"] >= 2, 10)
+        assert wait_for(lambda: agent.parts.early.counters["admitted_total"] >= 1, 10)
         assert dev not in throttle(kube, plain_cfg, plain, "write_bps")  # control: no annotation
         no_cycle_yet(agent)
 
