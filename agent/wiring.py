@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.act.classnode import ACTION_KINDS, ClassNode
 from agent.act.dispatch import CpusetMoves, Dispatch, RdtMoves
+from agent.act.early import EarlyClasses
 from agent.act.rdt import RdtNode
 from agent.act.vcpu import VcpuActuator
 from agent.config import Config
@@ -24,8 +25,8 @@ from agent.discover.kubelet import KubeletStateReader
 from agent.discover.sysfs import read_topology
 from agent.discover.vmm import VmmDiscovery
 from agent.export.report import AgentState
-from agent.nri.metadata import pod_infos
-from agent.nri.model import Placement
+from agent.nri.metadata import container_of, pod_infos
+from agent.nri.model import Ctr, Placement, Pod
 from agent.nri.runtime import ACTUATION_STATUS_FILE, NriRuntime, NriSettings, write_status
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
@@ -67,11 +68,16 @@ class Parts:
         self._make_collectors()
         self.nri = NriRuntime(NriSettings.from_config(config.runtime),
                               kubelet=KubeletStateReader(config.host.kubelet_root).read,
+                              classes=self._classes_at_creation, started=self._started,
                               applied=lambda: {cid: Placement(cpus=str(cpus), mems=str(mems))
                                                for cid, (_, cpus, mems) in self.cpusets.applied().items()})
         self._actuation_written: dict[str, object] = {}
         self.cpusets = self._make_cpuset_actuator()
         self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
+        # a container NRI reports started gets its classes at once, not at the next cycle
+        self.early = EarlyClasses(self.classes, self._find_started, enabled=lambda: not self.config.agent.dry_run)
+        rt = config.runtime  # read at start, like the rest of the runtime: section
+        self.runtime_classes = {"blockio": rt.nri_blockio_classes, "rdt": rt.nri_rdt_classes}
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
                                   **dict.fromkeys(ACTION_KINDS, self.classes)})
         if not self.classes.uses("rdt"):  # no resctrl: the refusal says why (ResctrlError, ENODEV)
@@ -143,6 +149,9 @@ class Parts:
 
     def start(self) -> None:
         """At agent start: the NRI session (its own thread; cgroupfs until it is connected)."""
+        self.early.start()
+        for line in self.classes.unknown_names(self.runtime_classes):
+            log.warning("runtime.nri_%s", line)
         self.nri.start()
 
     def actuation(self) -> dict[str, object]:
@@ -153,6 +162,29 @@ class Parts:
                 write_status(os.path.join(self.config.agent.run_dir, ACTUATION_STATUS_FILE), status):
             self._actuation_written = status
         return status
+
+    def _classes_at_creation(self, pod: Pod, ctr: Ctr) -> dict[str, str]:
+        """NRI CreateContainer: the classes to hand to the runtime (only names the operator
+        listed in runtime.nri_blockio_classes / nri_rdt_classes; docs/nri.md)."""
+        if self.config.agent.dry_run or not any(self.runtime_classes.values()):
+            return {}
+        return self.classes.at_creation(container_of(pod, ctr, podmeta.options_from_config(self.config)),
+                                        self.runtime_classes)
+
+    def _started(self, pod: Pod, ctr: Ctr) -> None:
+        """NRI StartContainer (the session's thread): classes now, for a container a rule concerns."""
+        if self.classes.wants_class(container_of(pod, ctr, podmeta.options_from_config(self.config))):
+            self.early.started(ctr.id)
+
+    def _find_started(self, container_id: str) -> Container | None:
+        """A container NRI reports started, as this cycle's discovery would see it."""
+        found = [c for c in discover(self.cgfs, kubernetes=self.config.discovery.kubernetes,
+                                     globs=self.config.discovery.globs, kubelet=self.kubelet,
+                                     procfs_root=self.config.host.procfs_root) if c.id == container_id]
+        view = self.nri.view
+        if found and view is not None:
+            found = podmeta.enrich(found, pod_infos(view), options=podmeta.options_from_config(self.config))
+        return found[0] if found else None
 
     # -- per cycle --------------------------------------------------------------------------
     def unusable_cpus(self) -> CpuSet:
@@ -238,6 +270,7 @@ class Parts:
         if n:
             with state.lock:
                 state.drift_reasserted_total += n
+        errors.extend(self.early.drain())  # classes applied at NRI's StartContainer since the last cycle
         errors.extend(self.classes.sync(containers))  # RDT, block-I/O and real-time classes
         errors.extend(self.resctrl.maintain(containers))  # RDT: new threads into the class set
         with state.lock:
@@ -265,6 +298,7 @@ class Parts:
 
     def close(self) -> None:
         self.nri.stop()  # bounded: the session thread is joined with a timeout
+        self.early.stop()
         for c in self.collectors:
             try:
                 c.close()

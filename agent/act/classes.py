@@ -124,6 +124,20 @@ class ClassManager:
         self._save()
         return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
 
+    def admit(self, containers: Sequence[Container]) -> ClassCycle:
+        """The classes of containers just started, between two cycles: decided and applied like
+        a cycle's (`sync`), without forgetting the containers not named here."""
+        changes, errors, notes = [], [], []
+        for slot in self.slots.values():
+            slot.controller.begin_cycle()
+            for c in containers:
+                ch, err, nts = self._one(slot, c)
+                changes += [ch] if ch else []
+                errors += [err] if err else []
+                notes += nts
+        self._save()
+        return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
+
     def _one(self, slot: Slot, c: Container) -> tuple[Change | None, str, list[str]]:
         d = decide(c, slot.rules, planner=slot.planner.get(c.id))
         had = slot.current.get(c.id)

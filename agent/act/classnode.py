@@ -14,15 +14,17 @@ entry in CONTROLLERS below.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from agent.act.blockio import BlockIoController
-from agent.act.classes import ClassController, ClassManager, Slot, usable
+from agent.act.classes import ClassController, ClassCycle, ClassManager, Slot, usable
 from agent.act.rdt import RdtClasses, RdtNode, rdt_rules
 from agent.act.rt import RtController
 from agent.config import Config
 from perfbalance.cgroupfs import Cgroupfs
+from perfbalance.classes import decide
 from perfbalance.errors import PerfbalanceError
 from perfbalance.hints import problems as hint_problems
 from perfbalance.model import Action, Container
@@ -72,6 +74,8 @@ class ClassNode:
         if rdt is not None:
             slots += self._rdt_slot(rdt)
         self.manager = ClassManager(slots, run_dir=config.agent.run_dir)
+        # the agent's cycle and agent/act/early.py (a container just started, between cycles)
+        self.lock = threading.RLock()
         self._restored = False
         # (container, line) of placement annotations that do not parse: in a report / pending / logged
         self._hint_reported: set[tuple[str, str]] = set()
@@ -100,13 +104,65 @@ class ClassNode:
     def uses(self, controller: str) -> bool:
         return controller in self.manager.slots
 
+    @property
+    def ready(self) -> bool:
+        """The previous run's classes are taken back: containers started now can be admitted."""
+        return self._restored
+
     # -- per cycle ------------------------------------------------------------------------------
     def sync(self, containers: Sequence[Container]) -> list[str]:
         """Decide and apply every container's classes; the new problems, one line each."""
         if not self.manager.slots:
             return []
-        self.restore(containers)
-        cycle = self.manager.sync(containers)
+        with self.lock:
+            self.restore(containers)
+            return self._log(self.manager.sync(containers))
+
+    def admit(self, containers: Sequence[Container]) -> list[str]:
+        """The classes of containers just started, applied now rather than at the next cycle."""
+        with self.lock:
+            if not self.manager.slots or not self._restored:
+                return []  # before the first cycle took back the previous run's classes: that cycle does it
+            return self._log(self.manager.admit(containers))
+
+    def at_creation(self, container: Container, known: Mapping[str, Collection[str]]) -> dict[str, str]:
+        """{controller: class} to hand to the runtime for a container being created: the classes
+        decided for it that the runtime's own class config also has (`known`, the operator's
+        runtime.nri_*_classes). Others are left to `admit` after start: a name the runtime does
+        not know would fail the creation."""
+        out: dict[str, str] = {}
+        for name, names in known.items():
+            slot = self.manager.slots.get(name)
+            if slot is None or not names:
+                continue
+            d = decide(container, slot.rules)
+            if d.wanted and not d.error and d.wanted in names:
+                out[name] = d.wanted
+            elif d.wanted and not d.error:
+                log.info("%s class %r of %s is not among the runtime's classes (runtime.nri_%s_classes): "
+                         "applied by the agent after start", name, d.wanted, container.id[:12], name)
+        return out
+
+    def wants_class(self, container: Container) -> bool:
+        """Whether any controller would put the container in a class (or report its annotation):
+        a container that no rule concerns is not worth a discovery at start."""
+        return any((d := decide(container, slot.rules)).wanted or d.error for slot in self.manager.slots.values())
+
+    def unknown_names(self, known: Mapping[str, Collection[str]]) -> list[str]:
+        """Runtime class names (runtime.nri_*_classes) that name no class here: never handed
+        over, since no decision picks them; said once at start, as a likely typo."""
+        out = []
+        for name, names in known.items():
+            slot = self.manager.slots.get(name)
+            configured = slot.rules.allow_annotation if slot is not None else {}
+            bad = sorted(set(names) - set(configured))
+            if bad:
+                where = "configured: " + (", ".join(sorted(configured)) or "none") if slot is not None \
+                    else f"{name} classes not in use on this node ({self.reasons.get(name, 'unknown')})"
+                out.append(f"{name}_classes: {', '.join(bad)} never handed to the runtime ({where})")
+        return out
+
+    def _log(self, cycle: ClassCycle) -> list[str]:
         for ch in cycle.changes:
             log.info("%s class of %s: %r -> %r (%s)", ch.controller, ch.container, ch.frm or None,
                      ch.to or None, ch.source)
@@ -117,10 +173,11 @@ class ClassNode:
     def restore(self, containers: Sequence[Container]) -> None:
         """Once, at the first discovery: take back what a previous run applied (classes.json) for
         the containers still here, so nothing is moved out of its class and back (reads only)."""
-        if self._restored or not self.manager.slots:
-            return
-        self._restored = True
-        n = self.manager.load([c.id for c in containers])
+        with self.lock:
+            if self._restored or not self.manager.slots:
+                return
+            self._restored = True
+            n = self.manager.load([c.id for c in containers])
         if n:
             log.info("restart: %d class assignment(s) of the previous run taken back", n)
 
@@ -144,11 +201,16 @@ class ClassNode:
         if controller not in self.manager.slots:
             raise PerfbalanceError(f"{action.kind} of {container.id}: {controller or action.kind} classes "
                                    f"not in use on this node ({self.reasons.get(controller, 'unknown')})")
-        self.manager.choose(controller, container, action.to or None)
+        with self.lock:
+            self.manager.choose(controller, container, action.to or None)
 
     def reconfigure(self, config: Config) -> None:
         """Classes, annotation keys and QoS defaults follow a reload (containers in a class whose
         settings changed get them at the next sync); `mode` at the next start."""
+        with self.lock:
+            self._reconfigure(config)
+
+    def _reconfigure(self, config: Config) -> None:
         for name, slot in self.manager.slots.items():
             if name == "rdt":
                 slot.rules = rdt_rules(config.resctrl)
@@ -169,6 +231,10 @@ class ClassNode:
         "containers": {id: {controller: class}}} (docs/run-json.md)."""
         self._hint_reported |= self._hint_pending  # this cycle's errors carry them
         self._hint_pending = set()
+        with self.lock:
+            return self._report(containers)
+
+    def _report(self, containers: Sequence[Container]) -> dict[str, Any]:
         summary = self.manager.summary()
         controllers = {name: {"used": not why, "reason": why, **summary.get(name, {})}
                        for name, why in self.reasons.items()}

@@ -24,6 +24,7 @@ from perfbalance.cgroupfs import check_glob
 from perfbalance.classes import BlockIoSection, RtSection
 from perfbalance.cpuset import CpuSet
 from perfbalance.errors import ConfigError, ParseError
+from perfbalance.names import CLASS, name_problem
 from perfbalance.settings import build, setting
 from perfbalance.safefs import read_file
 from rebalancer.config import RebalancerConfig
@@ -113,6 +114,14 @@ def _plugin_name(value: Any) -> str | None:
     return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value) else "not a plugin name (letters, digits, '_', '.', '-')"
 
 
+def _class_list(value: Any) -> str | None:
+    for name in value:
+        problem = name_problem(name, CLASS)
+        if problem:
+            return f"class name {problem}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuntimeSection:
     nri: Literal["auto", "on", "off"] = setting("auto", "Act through the container runtime as an NRI plugin (placement at creation, moves by UpdateContainers, pod metadata): auto uses it when the socket answers and keeps retrying; on (true) the same, reporting a missing socket or protocol modules as errors; off (false) writes cgroupfs only. Read at start.")
@@ -120,6 +129,8 @@ class RuntimeSection:
     nri_plugin_name: str = setting("perfbalance", "Plugin name registered with the runtime. Read at start.", check=_plugin_name)
     nri_plugin_index: str = setting("50", "Plugin index, two digits as a quoted string (e.g. '50'): the runtime calls plugins in this order. Read at start.", check=_plugin_index)
     nri_backoff_max_seconds: float = setting(30.0, "Upper bound of the reconnect back-off (0.5 s doubling) after the runtime went away; meanwhile cgroupfs is written. Read at start.", min=0.5, max=3600)
+    nri_blockio_classes: tuple[str, ...] = setting(factory=tuple, doc="Block-I/O class names the runtime's own class config defines the same as perfbalance's blockio.classes (containerd 1.7: blockio_config_file of its tasks service): a new container whose class is one of them is created in it by the runtime (CreateContainer adjustment); any other class is applied by the agent right after the container starts. Empty: never handed to the runtime (a name it does not know fails the container's creation). Read at start.", check=_class_list)
+    nri_rdt_classes: tuple[str, ...] = setting(factory=tuple, doc="The same for RDT classes (containerd's rdt_config_file must define them; its own resctrl groups then): handed to the runtime at CreateContainer; others applied by the agent right after start. Read at start.", check=_class_list)
 
 
 @dataclass(frozen=True, kw_only=True)

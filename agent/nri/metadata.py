@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from agent.discover.podmeta import PodInfo
-from agent.nri.model import View
+from agent.discover.containers import QOS_DIRS, SYSTEMD_POD
+from agent.discover.podmeta import EnrichOptions, PodInfo, enrich_one
+from agent.nri.model import Ctr, Pod, View
+from perfbalance.model import Container
 
 
 def pod_infos(view: View) -> dict[str, PodInfo]:
@@ -30,3 +32,25 @@ def pod_infos(view: View) -> dict[str, PodInfo]:
                                      annotations=MappingProxyType(dict(p.annotations)),
                                      containers=MappingProxyType(names.get(p.id, {})))
     return out
+
+
+def qos_of(cgroup_parent: str) -> str:
+    """The QoS class the kubelet's pod cgroup parent names (cgroupfs `kubepods/burstable/pod<uid>`
+    or systemd `kubepods-burstable-pod<uid>.slice`); a pod directly under kubepods is guaranteed."""
+    parts = [p for p in cgroup_parent.replace(":", "/").split("/") if p]
+    for part in reversed(parts):
+        if part in QOS_DIRS:
+            return QOS_DIRS[part]
+        m = SYSTEMD_POD.match(part)
+        if m:
+            return m.group(1) or "guaranteed"
+    return "guaranteed" if any(p in ("kubepods", "kubepods.slice") for p in parts) else "unknown"
+
+
+def container_of(pod: Pod, ctr: Ctr, options: EnrichOptions) -> Container:
+    """A container being created (its cgroup does not exist yet) as discovery and podmeta will
+    see it once it runs: names, the pod's allowed annotations, the QoS of its pod's cgroup parent.
+    For the class decision at CreateContainer."""
+    base = Container(id=ctr.id, name=ctr.name, cgroup="", pod_uid=pod.uid.lower(), qos=qos_of(pod.cgroup_parent))
+    infos = pod_infos(View(pods={pod.id: pod}, containers={ctr.id: ctr}))
+    return enrich_one(base, infos[base.pod_uid], options) if base.pod_uid in infos else base

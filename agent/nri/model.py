@@ -48,6 +48,7 @@ class Placement:
     cpus: str = ""
     mems: str = ""
     rdt_class: str = ""
+    blockio_class: str = ""  # class names the operator listed as known to the runtime (runtime.nri_*_classes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,3 +80,5 @@ def fill_resources(res: Any, placement: Placement) -> None:
         res.cpu.mems = placement.mems
     if placement.rdt_class:
         res.rdt_class.value = placement.rdt_class
+    if placement.blockio_class:
+        res.blockio_class.value = placement.blockio_class

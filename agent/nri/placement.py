@@ -4,6 +4,11 @@ A thin adapter from NRI's pods and containers to the planner's pure admission fu
 snapshot (topology, reserved CPUs, exclusive containers) is the latest cycle's; the kubelet's CPU
 manager state is read fresh at every creation, because the kubelet allocates a Guaranteed
 container's dedicated CPUs just before it asks the runtime to create it.
+
+Classes: at CreateContainer the adjustment carries only the class names the agent's `classes`
+callback hands over (the operator listed them as known to the runtime: a name the runtime does
+not know would fail the creation); at StartContainer `started` tells the agent, which applies
+the container's classes itself. Neither callback may fail a container: errors are logged.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ def request_mcpu(ctr: Ctr) -> int:
 
 class AdmitPolicy:
     def __init__(self, *, snapshot: Callable[[], Snapshot | None], kubelet: Callable[[], KubeletState],
-                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "",
+                 classes: Callable[[Pod, Ctr], Mapping[str, str]] = lambda pod, ctr: {},
+                 started: Callable[[Pod, Ctr], None] = lambda pod, ctr: None,
                  applied: Callable[[], Mapping[str, Placement]] = dict) -> None:
-        self._snapshot, self._kubelet, self._rdt_class = snapshot, kubelet, rdt_class
+        self._snapshot, self._kubelet, self._classes, self._started = snapshot, kubelet, classes, started
         self._applied = applied  # what the agent's cpuset actuator applied, by container id
         self.decisions: dict[str, str] = {}  # container id -> why it was placed where (last few)
 
@@ -47,9 +53,11 @@ class AdmitPolicy:
         return out
 
     def on_create(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None:
+        classes = self._handed_over(pod, ctr)
         snap = self._snapshot()
-        if snap is None:
-            return None  # no topology yet: the runtime's default
+        if snap is None:  # no topology yet: the runtime's default cpuset
+            return Placement(rdt_class=classes.get("rdt", ""), blockio_class=classes.get("blockio", "")) \
+                if classes else None
         snap = replace(snap, kubelet=self._kubelet())
         running = {c.id: Running(cpus=CpuSet.parse(c.cpus), annotations={**view.pods[c.pod_id].annotations,
                                                                           **c.annotations}
@@ -61,11 +69,27 @@ class AdmitPolicy:
         self.decisions[ctr.id] = a.reason
         while len(self.decisions) > 256:
             self.decisions.pop(next(iter(self.decisions)))
-        rdt = self._rdt_class(pod, ctr)
-        if a.cpus is None and not rdt:
+        if a.cpus is None and not classes:
             return None
-        log.info("NRI: %s/%s/%s placed on %s (%s)", pod.namespace, pod.name, ctr.name, a.cpus, a.reason)
-        return Placement(cpus=str(a.cpus or ""), mems=str(a.mems or ""), rdt_class=rdt)
+        log.info("NRI: %s/%s/%s placed on %s (%s)%s", pod.namespace, pod.name, ctr.name, a.cpus, a.reason,
+                 "".join(f", {k} class {v!r} set by the runtime" for k, v in sorted(classes.items())))
+        return Placement(cpus=str(a.cpus or ""), mems=str(a.mems or ""), rdt_class=classes.get("rdt", ""),
+                         blockio_class=classes.get("blockio", ""))
+
+    def _handed_over(self, pod: Pod, ctr: Ctr) -> Mapping[str, str]:
+        try:
+            return self._classes(pod, ctr)
+        except Exception:  # a bug here must not fail the container's creation
+            log.exception("NRI: classes of %s/%s/%s at creation: left to the agent", pod.namespace, pod.name,
+                          ctr.name)
+            return {}
+
+    def on_start(self, pod: Pod, ctr: Ctr) -> None:
+        try:
+            self._started(pod, ctr)
+        except Exception:  # the agent's next cycle applies the classes instead
+            log.exception("NRI: classes of %s/%s/%s at start: left to the next cycle", pod.namespace, pod.name,
+                          ctr.name)
 
     def on_update(self, pod: Pod, ctr: Ctr, ours: Placement) -> Placement | None:
         if (pod.uid, ctr.name) in self._kubelet().exclusive:

@@ -3,7 +3,8 @@
 The runtime drives the plugin (containerd/nri pkg/adaptation): after RegisterPlugin it calls
 Configure (we answer the events we subscribe to), then Synchronize with every existing pod and
 container, then one request per lifecycle event. CreateContainer may adjust the container
-before it starts (cpuset, mems, RDT class); UpdateContainer (the kubelet's
+before it starts (cpuset, mems, RDT and block-I/O class); StartContainer hands the started
+container to the policy (the agent applies its classes then, not at its next cycle); UpdateContainer (the kubelet's
 UpdateContainerResources) may answer updates, which is how a placement outlives a kubelet
 rewrite. The decisions come from a `Policy`; this module only speaks the protocol.
 """
@@ -42,6 +43,8 @@ class Policy(Protocol):
     def on_create(self, pod: Pod, ctr: Ctr, view: View) -> Placement | None: ...
 
     def on_update(self, pod: Pod, ctr: Ctr, ours: Placement) -> Placement | None: ...
+
+    def on_start(self, pod: Pod, ctr: Ctr) -> None: ...
 
 
 class Plugin:
@@ -133,6 +136,8 @@ class Plugin:
                 if evt.container.id:
                     ctrs[evt.container.id] = ctr_from_pb(evt.container)
             self._view = replace(self._view, pods=pods, containers=ctrs)
+        if evt.event == START_CONTAINER and evt.container.id:  # outside the lock: the policy reads the view
+            self._policy.on_start(pod_from_pb(evt.pod), ctr_from_pb(evt.container))
         return self._pb.Empty()
 
     def _remember(self, pb_pod: Any, pb_ctr: Any) -> tuple[Pod, Ctr]:
@@ -150,7 +155,8 @@ class Plugin:
         """After the runtime applied a placement: keep the view what the cgroup now is."""
         self._ours[cid] = Placement(cpus=placement.cpus or self._ours.get(cid, placement).cpus,
                                     mems=placement.mems or self._ours.get(cid, placement).mems,
-                                    rdt_class=placement.rdt_class or self._ours.get(cid, placement).rdt_class)
+                                    rdt_class=placement.rdt_class or self._ours.get(cid, placement).rdt_class,
+                                    blockio_class=placement.blockio_class or self._ours.get(cid, placement).blockio_class)
         ctr = self._view.containers.get(cid)
         if ctr is not None:
             self._set(replace(ctr, cpus=placement.cpus or ctr.cpus, mems=placement.mems or ctr.mems))

@@ -47,12 +47,13 @@ class NriSettings:
 
 class NriRuntime:
     def __init__(self, settings: NriSettings, *, kubelet: Callable[[], KubeletState],
-                 rdt_class: Callable[[Pod, Ctr], str] = lambda pod, ctr: "",
+                 classes: Callable[[Pod, Ctr], Mapping[str, str]] = lambda pod, ctr: {},
+                 started: Callable[[Pod, Ctr], None] = lambda pod, ctr: None,
                  applied: Callable[[], Mapping[str, Placement]] = dict) -> None:
         self.settings = settings
         self._snapshot: Snapshot | None = None
-        self.policy = AdmitPolicy(snapshot=lambda: self._snapshot, kubelet=kubelet, rdt_class=rdt_class,
-                                  applied=applied)
+        self.policy = AdmitPolicy(snapshot=lambda: self._snapshot, kubelet=kubelet, classes=classes,
+                                  started=started, applied=applied)
         self._client: NriClient | None = None
         self._started = False
         self.problem = ""

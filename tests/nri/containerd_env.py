@@ -126,6 +126,7 @@ class Containerd:
     """One containerd process; restart() keeps its root and state (what a runtime restart does)."""
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    extra_toml: str = ""  # more tables, appended to the config (e.g. the tasks service's blockio_config_file)
 
     @property
     def nri_socket(self) -> str:
@@ -137,7 +138,7 @@ class Containerd:
 
     def start(self) -> None:
         cfg = self.dir / "config.toml"
-        cfg.write_text(CONFIG.format(d=self.dir, image=IMAGE, runc=RUNC))
+        cfg.write_text(CONFIG.format(d=self.dir, image=IMAGE, runc=RUNC) + self.extra_toml)
         env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         log = open(self.dir / "containerd.log", "ab")
         self.proc = subprocess.Popen([str(BIN / "containerd"), "--config", str(cfg)], env=env,

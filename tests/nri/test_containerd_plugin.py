@@ -33,6 +33,9 @@ class TablePolicy:
     def on_update(self, pod: Pod, ctr: Ctr, ours: Placement) -> Placement | None:
         return ours if self.keep else None
 
+    def on_start(self, pod: Pod, ctr: Ctr) -> None:
+        pass
+
 
 def allowed(pid: int) -> str:
     for line in open(f"/proc/{pid}/status"):
