@@ -231,7 +231,9 @@ class RtClass:
 @dataclass(frozen=True, kw_only=True)
 class RtSection:
     mode: Mode = setting("auto", "on: fail startup when RT group scheduling is unusable; auto: use it when the v1 cpu controller has cpu.rt_runtime_us; off: never touch it.")
-    enforce: Enforce = setting("hard", "hard: a budget the parents cannot give is an error and the container keeps its class; soft: the same, reported as a note.")
+    # No `enforce`: a real-time budget has no partial form (the kernel takes the whole runtime or
+    # refuses it), so a budget the parents cannot give is always refused and reported, and the
+    # container keeps its class. Block I/O has one (a weight without BFQ, the limits still apply).
     annotation: str = setting("rt.perfbalance.io/class", "Pod annotation naming a real-time class; '<annotation>.container.<name>' sets one container.", check=check_annotation_key)
     classes: dict[str, RtClass] = setting(factory=dict, doc="Real-time classes by name.", check=check_class_names)
     qos_classes: dict[str, str] = setting(factory=dict, doc="Default class per QoS class.", check=check_qos_map)
