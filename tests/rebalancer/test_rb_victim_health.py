@@ -9,6 +9,7 @@ import pytest
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Plan, Snapshot
 from rebalancer import RebalancerConfig, plan
+from rebalancer.evaluate import health_call
 from rebalancer.health import TARGET_ANNOTATION, measure, noise, parse_duration, target_of
 
 from rb_builders import sample, snap, topo
@@ -155,6 +156,7 @@ def test_a_move_the_measurement_contradicts_is_rolled_back_though_the_model_agre
     rollbacks = [a for a in p2.actions if a.kind == "rollback"]
     assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
     assert "throttled 60%" in rollbacks[0].reason
+    assert "no measured improvement beyond the noise band" in rollbacks[0].reason
     note = next(c for c in p2.considered if c.get("kind") == "evaluation")
     assert note["method"] == "health" and note["realized"] == pytest.approx(0.0)
 
@@ -168,3 +170,35 @@ def test_a_shortfall_inside_the_noise_band_is_not_a_contradiction() -> None:
     later = after(s0, p1, s0.time + 40, lat=rq(0.3, 0.030))  # dropped less than predicted
     p2 = plan(later, CFG, p1.state, later.time)
     assert not [a for a in p2.actions if a.kind == "rollback"]
+
+
+@pytest.mark.parametrize(("predicted", "measured", "call"), [
+    (0.43, 0.045, "helped"),  # the demo's island: helped, far less than predicted
+    (0.43, 0.43, "helped"),
+    (0.43, -0.02, "worse"),
+    (0.43, 0.0, "flat"),  # a clear prediction (>= 2 bands), nothing measured
+    (0.43, 0.01, "flat"),
+    (0.015, 0.0, "unclear"),  # inside the band, and the prediction only 1.5 bands wide
+])
+def test_the_measurement_decides_by_its_sign_beyond_the_noise_band(predicted: float, measured: float,
+                                                                  call: str) -> None:
+    assert health_call(predicted, measured, 0.01, CFG.health_clear_bands) == call
+
+
+def test_a_move_that_helped_less_than_predicted_is_kept_and_the_shortfall_is_noted() -> None:
+    # predicted: 0.9 s/s of loss (0.4 wait + 0.5 breach) down to ~0.02; measured: down to 0.8
+    p1, p2 = settle(rq(0.3, 0.030))
+    assert not [a for a in p2.actions if a.kind == "rollback"]
+    note = next(c for c in p2.considered if c.get("kind") == "evaluation")
+    assert note["rejected"] == "kept: the move helped, less than predicted", note
+    assert note["realized"] == pytest.approx(0.1)
+    assert note["realized"] < CFG.rollback_fraction * note["predicted"]  # the old rule rolled it back
+
+
+def test_a_move_after_which_the_victim_waits_longer_is_rolled_back() -> None:
+    p1, p2 = settle(rq(0.6, 0.050))
+    rollbacks = [a for a in p2.actions if a.kind == "rollback"]
+    assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
+    assert "got worse beyond the noise band" in rollbacks[0].reason
+    note = next(c for c in p2.considered if c.get("kind") == "evaluation")
+    assert note["rejected"] == "rolled back" and note["realized"] == pytest.approx(-0.2)
