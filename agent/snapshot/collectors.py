@@ -13,6 +13,7 @@ from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.perf import make_collector as make_perf_collector
+from collectors.runqlat import RunqlatCollector
 from perfbalance.host import HostPaths
 from perfbalance.topology import Topology
 
@@ -23,4 +24,5 @@ def make_collectors(config: Config, host: HostPaths, cgfs: Cgroupfs, topology: T
         CgroupStatsCollector(cgroupfs=cgfs, enabled=c.cgroup_stats),
         Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs),
         make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs),
+        RunqlatCollector(config=c.runqlat, host=host, cgroupfs=cgfs),
     ]
