@@ -15,7 +15,7 @@ Realized gain, in core-seconds per second, per victim:
 Measured health (rebalancer/health.py) judges first wherever the victims have it: the drop of
 their measured health loss (run-queue wait plus breached target, s/s, smoothed) against the drop
 predicted at decision time, with a noise band from each victim's window-to-window variation
-before the move. The measurement decides by its sign, beyond the band (`health_call`):
+before the move, widened at judgement to the variation of the windows since the move. The measurement decides by its sign, beyond the band (`health_call`):
 
 * it dropped beyond the band: the move helped and is kept, also when it helped less than
   predicted (the shortfall is in the judgement: realized vs predicted, exported as ever);
@@ -32,6 +32,7 @@ be measured, and the older checks decide alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -40,6 +41,7 @@ from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Judgement
 from rebalancer.constraints import requests_fit
 from rebalancer.context import Context
+from rebalancer.health import Health, measure, noise
 from rebalancer.state import Pending
 
 
@@ -59,8 +61,7 @@ def judge_pending(ctx: Context) -> tuple[list[Action], list[Pending], dict[str, 
             continue
         verdict = judge(ctx, p)
         undo = None if verdict.ok else _rollback(ctx, p, verdict)
-        outcome = (("kept: the move helped, less than predicted" if verdict.short else
-                    "kept: the move helped") if verdict.ok else
+        outcome = (_kept(verdict) if verdict.ok else
                    "rollback blocked by a constraint" if undo is None else "rolled back")
         judgements.append(Judgement(decision=p.decision, outcome=outcome, predicted=verdict.predicted,
                                     realized=verdict.realized, method=verdict.method, band=verdict.band))
@@ -69,6 +70,12 @@ def judge_pending(ctx: Context) -> tuple[list[Action], list[Pending], dict[str, 
             for m in p.moves:
                 cooldown[m.container] = ctx.now + ctx.config.cooldown_seconds
     return rollbacks, kept, cooldown, judgements
+
+
+def _kept(v: Verdict) -> str:
+    if v.call == "unclear":
+        return "kept: no change beyond the noise band, the model check decided"
+    return "kept: the move helped, less than predicted" if v.short else "kept: the move helped"
 
 
 def _not_in_force(ctx: Context, p: Pending) -> str:
@@ -92,6 +99,7 @@ class Verdict:
     band: float | None = None  # noise band of the health measurement
     why: str = ""  # what the measurement shows beside the numbers (its call, own throttling)
     short: bool = False  # kept although it gained less than rollback_fraction of the prediction
+    call: str = ""  # health_call's verdict, "" when health did not judge
 
 
 HealthCall = Literal["helped", "worse", "flat", "unclear"]
@@ -123,12 +131,13 @@ def judge(ctx: Context, p: Pending) -> Verdict:
     if health is None:
         return Verdict(ok=model_ok, predicted=p.predicted, realized=realized, method=how)
     predicted, measured = health
-    call = health_call(predicted, measured, p.health_band, ctx.config.health_clear_bands)
+    band = settled_band(ctx, p)
+    call = health_call(predicted, measured, band, ctx.config.health_clear_bands)
     ok = call == "helped" or (call == "unclear" and model_ok)
     why = "; ".join(x for x in (CALLS.get(call, ""), _throttled(ctx, p)) if x)
     return Verdict(ok=ok and (model_ok or how != "pmu"), predicted=predicted, realized=measured,
-                   method="health+pmu" if how == "pmu" else "health", band=p.health_band, why=why,
-                   short=measured < ctx.config.rollback_fraction * predicted)
+                   method="health+pmu" if how == "pmu" else "health", band=band, why=why,
+                   short=measured < ctx.config.rollback_fraction * predicted, call=call)
 
 
 def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
@@ -143,6 +152,27 @@ def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
         return None
     measured = sum(b - (now[v] or 0.0) for v, b in p.health_before.items())
     return predicted, measured
+
+
+def settled_band(ctx: Context, p: Pending) -> float:
+    """The noise band of the judgement: the one recorded at decision time, widened to the
+    window-to-window variation of the victims' raw health loss since the move (a decision taken
+    in the first windows had no history, only the noise floor, to set its band)."""
+    cfg = ctx.config
+    n = round((ctx.now - p.time) / ctx.snapshot.window) if ctx.snapshot.window > 0 else 0
+    if n < 3:
+        return p.health_band
+    var = 0.0
+    for v in p.health_before:
+        now = ctx.measured_loss(v, _raw(ctx, v))
+        since = (*ctx.state.health_history.get(v, ()), *(() if now is None else (now,)))[-n:]
+        var += noise(since, floor=cfg.health_noise_floor) ** 2
+    return max(p.health_band, cfg.health_noise_sigmas * math.sqrt(var))
+
+
+def _raw(ctx: Context, cid: str) -> Health | None:
+    s = ctx.snapshot.by_id().get(cid)
+    return None if s is None else measure(s.metrics, min_waits=ctx.config.health_min_waits)
 
 
 def _throttled(ctx: Context, p: Pending) -> str:

@@ -202,3 +202,31 @@ def test_a_move_after_which_the_victim_waits_longer_is_rolled_back() -> None:
     assert "got worse beyond the noise band" in rollbacks[0].reason
     note = next(c for c in p2.considered if c.get("kind") == "evaluation")
     assert note["rejected"] == "rolled back" and note["realized"] == pytest.approx(-0.2)
+
+
+def settle_through(waits: list[float]) -> Plan:
+    """The latency container moved at t (no history yet: the floor band), then measured each
+    10 s window with these waits (p99 30 ms, still over target) until judged at t + 30."""
+    s0 = shared(rq(0.4, 0.040))
+    p = plan(s0, CFG, None, s0.time)
+    moved = p
+    for i, w in enumerate(waits, start=1):
+        later = after(s0, moved, s0.time + 10 * i, lat=rq(w, 0.030))
+        p = plan(later, CFG, p.state, later.time)
+    return p
+
+
+def test_the_band_is_widened_to_the_noise_measured_since_the_move() -> None:
+    # 0.05 s/s better at judgement, but the windows since the move swing by 0.3 s/s
+    p = settle_through([0.30, 0.60, 0.35])
+    note = next(c for c in p.considered if c.get("kind") == "evaluation")
+    assert note["band"] > 0.2, note
+    assert note["rejected"] == "rolled back", note
+    assert "no measured improvement beyond the noise band" in next(a.reason for a in p.actions if a.kind == "rollback")
+
+
+def test_steady_windows_since_the_move_keep_the_floor_band() -> None:
+    p = settle_through([0.35, 0.35, 0.35])  # control: the same drop, measured steadily
+    note = next(c for c in p.considered if c.get("kind") == "evaluation")
+    assert note["band"] < 0.01 and note["rejected"] == "kept: the move helped, less than predicted", note
+
