@@ -23,6 +23,7 @@ from agent.discover.kubelet import KubeletStateReader
 from agent.discover.sysfs import read_topology
 from agent.discover.vmm import VmmDiscovery
 from agent.export.report import AgentState
+from agent.snapshot.nodecpu import NodeCpu
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
@@ -61,6 +62,7 @@ class Parts:
         self.podmeta = podmeta.open_pod_metadata(config, node=node, env=os.environ)
         self.resctrl = self._make_resctrl()
         self._make_collectors()
+        self.node_cpu = NodeCpu(procfs=self.host.procfs)  # after the BPF compiles: not node load
         self.cpusets = self._make_cpuset_actuator()
         self.dispatch = Dispatch({"cpuset": CpusetMoves(self.cpusets.apply),
                                   "rdt_class": RdtMoves(self.resctrl.apply_class)})
@@ -185,7 +187,7 @@ class Parts:
         return out
 
     def node_metrics(self) -> dict[str, float]:
-        return self.resctrl.node_metrics()
+        return {**self.resctrl.node_metrics(), **self.node_cpu.metrics()}
 
     def apply(self, action: Action, container: Container) -> None:
         """One planned action, by the actuator of its kind (agent/act/dispatch.py)."""

@@ -83,7 +83,7 @@ class RebalancerConfig:
     latency_sensitive_target: float = setting(0.005, "Run-queue p99 target, seconds, of a container annotated perfbalance.io/latency-sensitive: \"true\" without a target of its own.", min=1e-6)
     latency_breach_cost: float = setting(0.05, "Cost, core-seconds per second, of a latency-sensitive container's predicted run-queue p99 at twice its target (linear in p99/target - 1).", min=0.0)
     latency_breach_cap: float = setting(10.0, "Cap on p99/target - 1 in the breach cost.", min=0.0)
-    latency_base_load: float = setting(0.05, "Co-runner load (CPUs per CPU) standing for what the planner cannot see (kernel threads, interrupts): the floor of the run-queue wait model.", min=0.001, max=10.0)
+    latency_base_load: float = setting(0.05, "Co-runner load (CPUs per CPU) standing for what neither the containers nor the node's busy CPUs show (kernel threads, interrupts): the floor of the run-queue wait model, added to the measured unseen load (busy cores no container accounts for, per CPU).", min=0.001, max=10.0)
     victim_health_threshold: float = setting(0.5, "A container whose measured health score (CPU time got / wanted) is below this, and whose co-runners take more of its CPUs than it does, is a victim the planner relieves, target or not (0: only latency-sensitive containers).", min=0.0, max=1.0)
     health_min_waits: int = setting(20, "Run-queue waits a window needs before its p99 is used.", min=1)
     health_windows: int = setting(8, "Windows of each container's measured wait kept to estimate its window-to-window noise.", min=3, max=100)

@@ -230,3 +230,15 @@ def test_steady_windows_since_the_move_keep_the_floor_band() -> None:
     note = next(c for c in p.considered if c.get("kind") == "evaluation")
     assert note["band"] < 0.01 and note["rejected"] == "kept: the move helped, less than predicted", note
 
+
+def predicted_drop(s: Snapshot) -> float:
+    (p,) = plan(s, CFG, None, s.time).state.pending
+    return sum(b - p.health_predicted[v] for v, b in p.health_before.items())
+
+
+def test_busy_cores_no_container_accounts_for_shrink_the_predicted_wait_drop() -> None:
+    seen_only = shared(rq(0.4, 0.040))  # the containers use 1.1 of the node's 8 CPUs
+    busy = replace(seen_only, node_metrics={"cpu_busy_cores": 1.1 + 6.0})  # 6 more unseen
+    quiet = replace(seen_only, node_metrics={"cpu_busy_cores": 1.1})  # control: nothing unseen
+    assert predicted_drop(quiet) == pytest.approx(predicted_drop(seen_only))
+    assert predicted_drop(busy) < 0.8 * predicted_drop(seen_only)
