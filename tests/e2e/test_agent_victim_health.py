@@ -9,7 +9,8 @@ decision is judged after `settle_seconds` by the measured health of the victim:
 * neighbour-caused wait (the neighbour has 32x its weight): after the move the measured p99 and
   mean drop many times, the decision is kept, and the realized number exported for it is the
   measured drop of the victim's health loss;
-* own-quota wait (10 ms per 100 ms, half of what it wants; neighbour of equal weight): the same
+* own-quota wait (10 ms per 100 ms, half of what it wants; the neighbour has 1/16 of its weight,
+  so lat preempts it at once and no placement changes what lat gets): the same
   move is predicted to help, the measurement shows it did not, and it is rolled back, the reason
   naming the throttling. Each case is the other's control.
 
@@ -91,9 +92,9 @@ def config(group: Group, tmp_path: Any, lat: str) -> Config:
 
 async def run_agent(group: Group, tmp_path: Any, *, quota: bool) -> tuple[Recorder, str]:
     """lat and hog (two busy loops) on the last CPU; without a quota hog has 32x lat's weight
-    (a big batch pod beside a small service), with one they weigh the same and lat's own quota
-    holds it back wherever it runs. Runs the agent until the first decision is judged."""
-    lat, hog = group.new("lat", shares=1024), group.new("hog", shares=1024 if quota else 32768)
+    (a big batch pod beside a small service); with one, hog has 1/16 of lat's weight (lat runs
+    as soon as it is runnable and unthrottled) and lat's own quota holds it back wherever it runs. Runs the agent until the first decision is judged."""
+    lat, hog = group.new("lat", shares=1024), group.new("hog", shares=2 if quota else 32768)
     if quota:
         group.fs.write(lat.cgroup, "cpu", "cpu.cfs_period_us", "100000")
         group.fs.write(lat.cgroup, "cpu", "cpu.cfs_quota_us", "10000")
