@@ -157,9 +157,10 @@ def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
 def settled_band(ctx: Context, p: Pending) -> float:
     """The noise band of the judgement: the one recorded at decision time, widened to the
     window-to-window variation of the victims' raw health loss since the move (a decision taken
-    in the first windows had no history, only the noise floor, to set its band)."""
+    in the first windows had no history, only the noise floor, to set its band). The measured
+    change is a difference of two windows, so that variation counts sqrt(2) times."""
     cfg = ctx.config
-    n = round((ctx.now - p.time) / ctx.snapshot.window) if ctx.snapshot.window > 0 else 0
+    n = _windows_since(ctx, p)
     if n < 3:
         return p.health_band
     var = 0.0
@@ -167,7 +168,15 @@ def settled_band(ctx: Context, p: Pending) -> float:
         now = ctx.measured_loss(v, _raw(ctx, v))
         since = (*ctx.state.health_history.get(v, ()), *(() if now is None else (now,)))[-n:]
         var += noise(since, floor=cfg.health_noise_floor) ** 2
-    return max(p.health_band, cfg.health_noise_sigmas * math.sqrt(var))
+    return max(p.health_band, cfg.health_noise_sigmas * math.sqrt(2.0 * var))
+
+
+def _windows_since(ctx: Context, p: Pending) -> int:
+    """Sample windows since the decision: by the agent's cycle numbers, else by time (a slow
+    cycle makes a window longer than the interval)."""
+    if p.cycle > 0 and ctx.snapshot.cycle > p.cycle:
+        return ctx.snapshot.cycle - p.cycle
+    return round((ctx.now - p.time) / ctx.snapshot.window) if ctx.snapshot.window > 0 else 0
 
 
 def _raw(ctx: Context, cid: str) -> Health | None:

@@ -217,8 +217,8 @@ def settle_through(waits: list[float]) -> Plan:
 
 
 def test_the_band_is_widened_to_the_noise_measured_since_the_move() -> None:
-    # 0.05 s/s better at judgement, but the windows since the move swing by 0.3 s/s
-    p = settle_through([0.30, 0.60, 0.35])
+    # 0.05 s/s better at judgement, but the windows since the move swing by 0.2 s/s
+    p = settle_through([0.30, 0.50, 0.35])
     note = next(c for c in p.considered if c.get("kind") == "evaluation")
     assert note["band"] > 0.2, note
     assert note["rejected"] == "rolled back", note
