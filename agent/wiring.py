@@ -28,6 +28,7 @@ from agent.export.report import AgentState
 from agent.nri.metadata import container_of, pod_infos
 from agent.nri.model import Ctr, Placement, Pod
 from agent.nri.runtime import ACTUATION_STATUS_FILE, NriRuntime, NriSettings, write_status
+from agent.snapshot.nodecpu import NodeCpu
 from collectors.base import Collector
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.cpuset import CpuSet
@@ -72,6 +73,7 @@ class Parts:
                               applied=lambda: {cid: Placement(cpus=str(cpus), mems=str(mems))
                                                for cid, (_, cpus, mems) in self.cpusets.applied().items()})
         self._actuation_written: dict[str, object] = {}
+        self.node_cpu = NodeCpu(procfs=self.host.procfs)  # after the BPF compiles: not node load
         self.cpusets = self._make_cpuset_actuator()
         self.classes = ClassNode(config, self.cgfs, rdt=self.resctrl)  # RDT, block-I/O, real-time classes
         # a container NRI reports started gets its classes at once, not at the next cycle
@@ -251,7 +253,7 @@ class Parts:
         return out
 
     def node_metrics(self) -> dict[str, float]:
-        return self.resctrl.node_metrics()
+        return {**self.resctrl.node_metrics(), **self.node_cpu.metrics()}
 
     def apply(self, action: Action, container: Container) -> str | None:
         """One planned action, by the actuator of its kind (agent/act/dispatch.py); the path a

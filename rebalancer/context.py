@@ -42,6 +42,7 @@ class Context:
     victims: Mapping[str, Victim] = field(default_factory=dict)  # rebalancer/latency.py
     problems: tuple[str, ...] = ()  # bad latency annotations, one line each
     targets: Mapping[str, float] = field(default_factory=dict)  # container -> run-queue p99 target, s
+    base_load: float = 0.05  # b of the run-queue wait model (see unseen_load)
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -67,7 +68,8 @@ class Context:
                    health=health, victims=victims, problems=problems, targets=targets,
                    config=config, now=now, idx=idx, views=views,
                    free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
-                   model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt)
+                   model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt,
+                   base_load=config.latency_base_load + unseen_load(snapshot, views, len(idx.online)))
 
     @property
     def usage(self) -> Mapping[str, float]:
@@ -78,7 +80,7 @@ class Context:
         if not self.victims:
             return 0.0
         c = self.config
-        return loss(self.victims, layout, self.usage, base=c.latency_base_load,
+        return loss(self.victims, layout, self.usage, base=self.base_load,
                     cost=c.latency_breach_cost, cap=c.latency_breach_cap)
 
     def measured_loss(self, cid: str, h: Health | None = None) -> float | None:
@@ -93,7 +95,7 @@ class Context:
 
     def predicted_loss(self, v: Victim, layout: Layout) -> float:
         c = self.config
-        return victim_loss(v, layout, self.usage, base=c.latency_base_load,
+        return victim_loss(v, layout, self.usage, base=self.base_load,
                            cost=c.latency_breach_cost, cap=c.latency_breach_cap)
 
     def need_cpus(self, ids: list[str]) -> int:
@@ -168,3 +170,13 @@ def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float)
     if moved is not None and now - moved < config.dwell_seconds:
         return f"dwell: moved {now - moved:.0f} s ago (< {config.dwell_seconds:.0f} s)"
     return ""
+
+
+def unseen_load(snapshot: Snapshot, views: Mapping[str, View], cpus: int) -> float:
+    """CPUs of demand per CPU that no container of the snapshot accounts for: the node's busy
+    cores (`node_metrics["cpu_busy_cores"]`, agent/snapshot/nodecpu.py) less the containers'
+    usage, spread over the online CPUs; 0 when the node's figure is missing."""
+    busy = snapshot.node_metrics.get("cpu_busy_cores")
+    if busy is None or cpus <= 0:
+        return 0.0
+    return max(0.0, busy - sum(v.usage for v in views.values())) / cpus

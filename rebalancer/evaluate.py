@@ -13,23 +13,35 @@ Realized gain, in core-seconds per second, per victim:
   still runs, the victim still runs where predicted); it cannot see a model error.
 
 Measured health (rebalancer/health.py) judges first wherever the victims have it: the drop of
-their measured run-queue wait (s/s, smoothed) against the drop predicted at decision time, with
-a noise band from each victim's window-to-window variation before the move. A move whose
-measured effect falls short of `rollback_fraction` of the prediction by more than the noise band
-contradicts it and is rolled back, whatever the model says of itself; with a PMU, the
-instructions-per-second check must also pass. A predicted change inside the noise band cannot
+their measured health loss (run-queue wait plus breached target, s/s, smoothed) against the drop
+predicted at decision time, with a noise band from each victim's window-to-window variation
+before the move, widened at judgement to the variation of the windows since the move. The measurement decides by its sign, beyond the band (`health_call`):
+
+* it dropped beyond the band: the move helped and is kept, also when it helped less than
+  predicted (the shortfall is in the judgement: realized vs predicted, exported as ever);
+* it rose beyond the band: the move made the victims worse, it is rolled back;
+* it stayed inside the band although the prediction was clear (at least `health_clear_bands`
+  bands): the move did not do what it was made for, it is rolled back;
+* it stayed inside the band and the prediction was not clear: the measurement cannot tell, the
+  PMU or model check decides.
+
+A rollback by the measurement happens whatever the model says of itself. With a PMU, the
+instructions-per-second check must pass as well. A predicted change inside the noise band cannot
 be measured, and the older checks decide alone.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Action, Judgement
 from rebalancer.constraints import requests_fit
 from rebalancer.context import Context
+from rebalancer.health import Health, measure, noise
 from rebalancer.state import Pending
 
 
@@ -49,7 +61,7 @@ def judge_pending(ctx: Context) -> tuple[list[Action], list[Pending], dict[str, 
             continue
         verdict = judge(ctx, p)
         undo = None if verdict.ok else _rollback(ctx, p, verdict)
-        outcome = ("kept: the move helped" if verdict.ok else
+        outcome = (_kept(verdict) if verdict.ok else
                    "rollback blocked by a constraint" if undo is None else "rolled back")
         judgements.append(Judgement(decision=p.decision, outcome=outcome, predicted=verdict.predicted,
                                     realized=verdict.realized, method=verdict.method, band=verdict.band))
@@ -58,6 +70,12 @@ def judge_pending(ctx: Context) -> tuple[list[Action], list[Pending], dict[str, 
             for m in p.moves:
                 cooldown[m.container] = ctx.now + ctx.config.cooldown_seconds
     return rollbacks, kept, cooldown, judgements
+
+
+def _kept(v: Verdict) -> str:
+    if v.call == "unclear":
+        return "kept: no change beyond the noise band, the model check decided"
+    return "kept: the move helped, less than predicted" if v.short else "kept: the move helped"
 
 
 def _not_in_force(ctx: Context, p: Pending) -> str:
@@ -79,7 +97,29 @@ class Verdict:
     realized: float
     method: str  # "health", "health+pmu", "pmu" or "model"
     band: float | None = None  # noise band of the health measurement
-    why: str = ""  # what the measurement shows beside the numbers (own throttling)
+    why: str = ""  # what the measurement shows beside the numbers (its call, own throttling)
+    short: bool = False  # kept although it gained less than rollback_fraction of the prediction
+    call: str = ""  # health_call's verdict, "" when health did not judge
+
+
+HealthCall = Literal["helped", "worse", "flat", "unclear"]
+
+
+def health_call(predicted: float, measured: float, band: float, clear_bands: float) -> HealthCall:
+    """What the measured drop of the victims' health loss says of the predicted one (both s/s,
+    `band` the noise band): "helped" (dropped beyond the band, by however much), "worse" (rose
+    beyond it), "flat" (inside it where a drop of at least `clear_bands` bands was predicted)
+    or "unclear" (inside it, the prediction too narrow to tell)."""
+    if measured > band:
+        return "helped"
+    if measured < -band:
+        return "worse"
+    return "flat" if predicted >= clear_bands * band else "unclear"
+
+
+CALLS = {"worse": "the victims' measured health got worse beyond the noise band",
+         "flat": "no measured improvement beyond the noise band where a clear one was predicted",
+         "unclear": "the measured change is inside the noise band; the model check decided"}
 
 
 def judge(ctx: Context, p: Pending) -> Verdict:
@@ -91,11 +131,13 @@ def judge(ctx: Context, p: Pending) -> Verdict:
     if health is None:
         return Verdict(ok=model_ok, predicted=p.predicted, realized=realized, method=how)
     predicted, measured = health
-    frac = ctx.config.rollback_fraction
-    ok = measured >= frac * predicted or predicted - measured <= p.health_band
+    band = settled_band(ctx, p)
+    call = health_call(predicted, measured, band, ctx.config.health_clear_bands)
+    ok = call == "helped" or (call == "unclear" and model_ok)
+    why = "; ".join(x for x in (CALLS.get(call, ""), _throttled(ctx, p)) if x)
     return Verdict(ok=ok and (model_ok or how != "pmu"), predicted=predicted, realized=measured,
-                   method="health+pmu" if how == "pmu" else "health", band=p.health_band,
-                   why=_throttled(ctx, p))
+                   method="health+pmu" if how == "pmu" else "health", band=band, why=why,
+                   short=measured < ctx.config.rollback_fraction * predicted, call=call)
 
 
 def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
@@ -110,6 +152,36 @@ def health_gain(ctx: Context, p: Pending) -> tuple[float, float] | None:
         return None
     measured = sum(b - (now[v] or 0.0) for v, b in p.health_before.items())
     return predicted, measured
+
+
+def settled_band(ctx: Context, p: Pending) -> float:
+    """The noise band of the judgement: the one recorded at decision time, widened to the
+    window-to-window variation of the victims' raw health loss since the move (a decision taken
+    in the first windows had no history, only the noise floor, to set its band). The measured
+    change is a difference of two windows, so that variation counts sqrt(2) times."""
+    cfg = ctx.config
+    n = _windows_since(ctx, p)
+    if n < 3:
+        return p.health_band
+    var = 0.0
+    for v in p.health_before:
+        now = ctx.measured_loss(v, _raw(ctx, v))
+        since = (*ctx.state.health_history.get(v, ()), *(() if now is None else (now,)))[-n:]
+        var += noise(since, floor=cfg.health_noise_floor) ** 2
+    return max(p.health_band, cfg.health_noise_sigmas * math.sqrt(2.0 * var))
+
+
+def _windows_since(ctx: Context, p: Pending) -> int:
+    """Sample windows since the decision: by the agent's cycle numbers, else by time (a slow
+    cycle makes a window longer than the interval)."""
+    if p.cycle > 0 and ctx.snapshot.cycle > p.cycle:
+        return ctx.snapshot.cycle - p.cycle
+    return round((ctx.now - p.time) / ctx.snapshot.window) if ctx.snapshot.window > 0 else 0
+
+
+def _raw(ctx: Context, cid: str) -> Health | None:
+    s = ctx.snapshot.by_id().get(cid)
+    return None if s is None else measure(s.metrics, min_waits=ctx.config.health_min_waits)
 
 
 def _throttled(ctx: Context, p: Pending) -> str:

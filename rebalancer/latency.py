@@ -8,8 +8,11 @@ scales its measured wait W0 and p99 with the load its co-runners put on its CPUs
     load(v) = Σ_G (u_G − u_v [v ∈ G]) · |G ∩ P_v| / |G| / |P_v|     (CPUs of demand per CPU of v)
     W(v)    = W0(v) · (b + load) / (b + load0),    p99(v) = p99_0(v) · (same factor)
 
-with `load0` the load in the measured placement and b = `latency_base_load` (what the planner
-cannot see: kernel threads, interrupts, pods of other runtimes). A breached target costs like
+with `load0` the load in the measured placement and b what the planner cannot place: the busy
+cores of the node no container of the snapshot accounts for, spread over the online CPUs
+(`Context.base_load`, from `node_metrics["cpu_busy_cores"]`), plus `latency_base_load` (kernel
+threads, interrupts). Where most of a victim's wait comes from such unseen work, moving its
+seen co-runners away is predicted to help little, as it does. A breached target costs like
 Heracles' negative latency slack:
 
     breach(v) = latency_breach_cost · min(latency_breach_cap, max(0, p99(v)/target − 1))

@@ -305,7 +305,7 @@ def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
                    baseline_loss=frozen_map(before),
                    health_before=frozen_map({v: b for v, (b, _) in waits.items()}),
                    health_predicted=frozen_map({v: a for v, (_, a) in waits.items()}),
-                   health_band=cfg.health_noise_sigmas * sigma)
+                   health_band=cfg.health_noise_sigmas * sigma, cycle=ctx.snapshot.cycle)
 
 
 def _next_state(ctx: Context, smoothed: Mapping[str, Mapping[str, float]], seq: int,

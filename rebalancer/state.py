@@ -51,6 +51,7 @@ class Pending:
     health_before: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     health_predicted: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     health_band: float = 0.0  # noise band of the victims' summed wait, s/s
+    cycle: int = 0  # Snapshot.cycle of the decision (0: not known), to count the windows since
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,9 @@
 The design promise is a cost independent of the number of containers (cadvisor needed 8.65 s per
 scrape at 60 containers). This measures, with the real collectors:
 - bpf_ns_per_event: average run time of each BPF program per event (BPF_ENABLE_STATS, else the
-  kernel.bpf_stats_enabled sysctl; fdinfo run_time_ns / run_cnt),
+  kernel.bpf_stats_enabled sysctl; fdinfo run_time_ns / run_cnt): `avx512`, `pmu` and runqlat's
+  three probes `runqlat_sched_switch`, `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`, each
+  beside its floor (bpf_ns_floor: an empty program on the same tracepoint),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
   collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
 - perf_fds: perf event fds opened by the PMU collector, at each container count,
@@ -38,7 +40,8 @@ from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
 from collectors.avx512 import Avx512Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
-from collectors.config import Avx512Config, PerfConfig
+from collectors.config import Avx512Config, PerfConfig, RunqlatConfig
+from collectors.runqlat import RunqlatCollector
 from perfbalance.errors import FeatureUnavailable
 from perfbalance.host import HostPaths
 from perfbalance.model import Container
@@ -46,7 +49,21 @@ from perfbalance.model import Container
 SIZES = (10, 100, 1000)
 QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
-PROGRAM_FUNCS = {name: bpf.probe_function(bpf.PROGRAMS[name].tracepoint) for name in ("avx512", "pmu")}
+
+def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
+    """Report name -> tracepoint of one BPF program's probes ("runqlat_sched_wakeup" where a
+    program has several, so that two programs on one tracepoint never share a name)."""
+    tps = bpf.PROGRAMS[program].tracepoints
+    return {f"{program}_{tp[1]}" if per_event else program: tp for tp in tps}
+
+
+# Each collector's own programs, looked up in that collector's loaded object only: the PMU and
+# the runqlat programs both attach to sched_switch and bcc names both functions alike.
+COLLECTOR_PROGRAMS: dict[str, dict[str, tuple[str, str]]] = {
+    "avx512": _programs("avx512"),
+    "perf": _programs("pmu"),
+    "runqlat": _programs("runqlat", per_event=True),
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +113,7 @@ def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
         Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
         perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
         CgroupStatsCollector(cgroupfs=fs),
+        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs),
     ]
     for c in cols:
         c.start()
@@ -114,28 +132,28 @@ def rss_bytes(procfs: str) -> int:
 # --- BPF cost per event -------------------------------------------------------------------------
 
 
-FLOOR_PROGRAMS = {
-    "avx512": "TRACEPOINT_PROBE(x86_fpu, x86_fpu_regs_deactivated) { return 0; }",
-    "pmu": "TRACEPOINT_PROBE(sched, sched_switch) { return 0; }",
-}
+def floor_program(tracepoint: tuple[str, str]) -> str:
+    """An empty program on `tracepoint`: what the run-time accounting itself costs there."""
+    return f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{ return 0; }}"
 
 
 def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
               seconds: float = 1.0) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     """Median ns per event of each loaded program, and of an empty program on the same
-    tracepoint (the floor: what the run-time accounting itself costs on this host)."""
+    tracepoint (the floor, per program name)."""
     progs = loaded_programs(collectors)
     with stats_enabled(host.procfs):
-        ns, events = _measure(host, progs, rounds, seconds)
+        ns, events = _measure(host, {n: fd for n, (fd, _) in progs.items()}, rounds, seconds)
         floor: dict[str, float] = {}
         try:
             env = prepare(host)
-            for name in progs:
-                b = env.load(FLOOR_PROGRAMS[name])
+            for tp in dict.fromkeys(tp for _, tp in progs.values()):
+                b = env.load(floor_program(tp))
                 try:
-                    floor.update(_measure(host, {name: b.funcs[PROGRAM_FUNCS[name]].fd}, rounds, seconds)[0])
+                    cost = _measure(host, {"floor": b.funcs[bpf.probe_function(tp)].fd}, rounds, seconds)[0]
                 finally:
                     b.cleanup()
+                floor.update({n: cost["floor"] for n, (_, t) in progs.items() if t == tp and "floor" in cost})
         except FeatureUnavailable:
             pass
     return ns, floor, events
@@ -173,16 +191,19 @@ def _alive_group(pgid: int) -> bool:
         return False
 
 
-def loaded_programs(collectors: Sequence[Any]) -> dict[str, int]:
+def loaded_programs(collectors: Sequence[Any]) -> dict[str, tuple[int, tuple[str, str]]]:
+    """Report name -> (program fd, tracepoint) of every BPF program the collectors loaded, each
+    collector's looked up in its own loaded object (COLLECTOR_PROGRAMS)."""
     out = {}
     for c in collectors:
         inner = getattr(c, "inner", c)
         b = getattr(inner, "_bpf", None)
         if b is None:
             continue
-        for name, func in PROGRAM_FUNCS.items():
+        for name, tp in COLLECTOR_PROGRAMS.get(c.name, {}).items():
+            func = bpf.probe_function(tp)
             if func in b.funcs:
-                out[name] = b.funcs[func].fd
+                out[name] = (b.funcs[func].fd, tp)
     return out
 
 

@@ -14,6 +14,7 @@ from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.iostat import IoStatCollector
 from collectors.perf import make_collector as make_perf_collector
+from collectors.runqlat import RunqlatCollector
 from perfbalance.host import HostPaths
 from perfbalance.topology import Topology
 
@@ -25,4 +26,5 @@ def make_collectors(config: Config, host: HostPaths, cgfs: Cgroupfs, topology: T
         IoStatCollector(cgroupfs=cgfs, enabled=c.iostat),
         Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs),
         make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs),
+        RunqlatCollector(config=c.runqlat, host=host, cgroupfs=cgfs),
     ]

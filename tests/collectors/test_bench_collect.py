@@ -14,8 +14,12 @@ from perfbalance.host import HostPaths
 @pytest.mark.bpf
 def test_bench_reports_bpf_cost_cycle_cpu_fds_and_rss(host: HostPaths) -> None:
     out = bench_collect.measure(host, (2, 8), rounds=1, seconds=0.3, scrape_containers=30, start_runs=1)
-    assert set(out["bpf_ns_per_event"]) == {"avx512", "pmu"}
+    programs = {"avx512", "pmu", "runqlat_sched_switch", "runqlat_sched_wakeup", "runqlat_sched_wakeup_new"}
+    assert set(out["bpf_ns_per_event"]) == programs, out["collectors"]
     assert all(ns > 0 for ns in out["bpf_ns_per_event"].values())
+    assert set(out["bpf_ns_floor"]) == programs
+    # one floor per tracepoint: the PMU and runqlat programs share sched_switch's
+    assert out["bpf_ns_floor"]["pmu"] == out["bpf_ns_floor"]["runqlat_sched_switch"]
     assert set(out["cycle_cpu_seconds"]) == {"2", "8"} and out["cycle_cpu_seconds"]["8"] > 0
     assert out["perf_fds_by_containers"]["2"] == out["perf_fds_by_containers"]["8"] == out["perf_fds"] > 0
     assert out["rss_bytes"] > 0
@@ -32,3 +36,18 @@ def test_start_measurement_names_an_agent_that_never_gets_ready(monkeypatch: pyt
     monkeypatch.setattr(start.sys, "executable", "/bin/false")  # control: exits at once, never ready
     with pytest.raises(RuntimeError, match="exited with 1 before ready"):
         start.one_start(timeout=10)
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_programs_on_one_tracepoint_are_told_apart_by_their_collector(host: HostPaths) -> None:
+    from perfbalance.cgroupfs import Cgroupfs
+
+    collectors = bench_collect.start_collectors(host, Cgroupfs(root=host.cgroup))
+    try:
+        progs = bench_collect.loaded_programs(collectors)
+    finally:
+        for c in collectors:
+            c.close()
+    assert progs["pmu"][1] == progs["runqlat_sched_switch"][1] == ("sched", "sched_switch")
+    assert progs["pmu"][0] != progs["runqlat_sched_switch"][0]  # two programs, two fds

@@ -104,9 +104,10 @@ def group() -> Iterator[Group]:
 def start(group: Group, tmp_path: Any, *, quota: bool) -> MiniAgent:
     """lat and hog (two busy loops) pinned together on the last CPU. Without a quota hog has 32x
     lat's weight (a big batch pod beside a small service): lat waits behind it. With one, lat's
-    own quota (10 ms per 100 ms, half of what it wants) holds it back and hog has the same
-    weight, so lat gets its quota whether it shares the CPU or not: a move cannot help."""
-    lat, hog = group.new("lat", shares=1024), group.new("hog", shares=1024 if quota else 32768)
+    own quota (10 ms per 100 ms, half of what it wants) holds it back and hog has 1/16 of its
+    weight (lat preempts it as soon as it may run), so lat gets its quota whether it shares the
+    CPU or not: a move cannot help."""
+    lat, hog = group.new("lat", shares=1024), group.new("hog", shares=2 if quota else 32768)
     if quota:
         group.fs.write(lat.cgroup, "cpu", "cpu.cfs_period_us", "100000")
         group.fs.write(lat.cgroup, "cpu", "cpu.cfs_quota_us", "10000")

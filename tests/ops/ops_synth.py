@@ -37,7 +37,9 @@ DB = ContainerSample(container=container("c-db", "db", "postgres-0", "pg", "2-3,
     "llc_mpki": 12.5, "memory_bandwidth_bytes_per_second": 9.0e9, "mbm_total_bytes_total": 7.5e13,
     "mbm_local_bytes_total": 7.0e13, "llc_occupancy_bytes": 20 << 20, "llc_references_total": 4.0e11,
     "cpu_throttled_ratio": 0.05, "cpu_throttled_seconds_total": 12.0, "psi_cpu_some": 0.02,
-    "psi_memory_some": 0.01, "memory_bytes": 8 << 30})
+    "psi_memory_some": 0.01, "memory_bytes": 8 << 30, "runqueue_wait_seconds_per_second": 0.03,
+    "runqueue_latency_p50_seconds": 2e-5, "runqueue_latency_p99_seconds": 4e-3,
+    "runqueue_latency_mean_seconds": 1e-4})
 
 
 def snapshot(samples: tuple[ContainerSample, ...] = (TRAINER, WEB, DB), *, cycle: int = 7,

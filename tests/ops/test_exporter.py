@@ -86,6 +86,14 @@ def test_the_exporter_derives_nothing_itself() -> None:
         assert fams[f"perfbalance_container_{name}"] == [], name
 
 
+def test_run_queue_latency_is_exported_where_the_collector_measured_it() -> None:
+    fams = {f.name: f for f in text_string_to_metric_families(full_exposition())}
+    p99 = fams["perfbalance_container_runqueue_latency_p99_seconds"]
+    assert [(x.labels["container"], x.value) for x in p99.samples] == [("pg", 4e-3)]  # the others have none
+    wait = fams["perfbalance_container_runqueue_wait_seconds_per_second"]
+    assert [x.value for x in wait.samples] == [0.03]
+
+
 def test_bytes_per_instruction_is_bandwidth_over_instructions_where_both_exist() -> None:
     fams = scrape(s.state())
     web = s.WEB.metrics

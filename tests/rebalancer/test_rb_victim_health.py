@@ -9,6 +9,7 @@ import pytest
 from perfbalance.cpuset import CpuSet
 from perfbalance.model import Plan, Snapshot
 from rebalancer import RebalancerConfig, plan
+from rebalancer.evaluate import health_call
 from rebalancer.health import TARGET_ANNOTATION, measure, noise, parse_duration, target_of
 
 from rb_builders import sample, snap, topo
@@ -155,6 +156,7 @@ def test_a_move_the_measurement_contradicts_is_rolled_back_though_the_model_agre
     rollbacks = [a for a in p2.actions if a.kind == "rollback"]
     assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
     assert "throttled 60%" in rollbacks[0].reason
+    assert "no measured improvement beyond the noise band" in rollbacks[0].reason
     note = next(c for c in p2.considered if c.get("kind") == "evaluation")
     assert note["method"] == "health" and note["realized"] == pytest.approx(0.0)
 
@@ -168,3 +170,75 @@ def test_a_shortfall_inside_the_noise_band_is_not_a_contradiction() -> None:
     later = after(s0, p1, s0.time + 40, lat=rq(0.3, 0.030))  # dropped less than predicted
     p2 = plan(later, CFG, p1.state, later.time)
     assert not [a for a in p2.actions if a.kind == "rollback"]
+
+
+@pytest.mark.parametrize(("predicted", "measured", "call"), [
+    (0.43, 0.045, "helped"),  # the demo's island: helped, far less than predicted
+    (0.43, 0.43, "helped"),
+    (0.43, -0.02, "worse"),
+    (0.43, 0.0, "flat"),  # a clear prediction (>= 2 bands), nothing measured
+    (0.43, 0.01, "flat"),
+    (0.015, 0.0, "unclear"),  # inside the band, and the prediction only 1.5 bands wide
+])
+def test_the_measurement_decides_by_its_sign_beyond_the_noise_band(predicted: float, measured: float,
+                                                                  call: str) -> None:
+    assert health_call(predicted, measured, 0.01, CFG.health_clear_bands) == call
+
+
+def test_a_move_that_helped_less_than_predicted_is_kept_and_the_shortfall_is_noted() -> None:
+    # predicted: 0.9 s/s of loss (0.4 wait + 0.5 breach) down to ~0.02; measured: down to 0.8
+    p1, p2 = settle(rq(0.3, 0.030))
+    assert not [a for a in p2.actions if a.kind == "rollback"]
+    note = next(c for c in p2.considered if c.get("kind") == "evaluation")
+    assert note["rejected"] == "kept: the move helped, less than predicted", note
+    assert note["realized"] == pytest.approx(0.1)
+    assert note["realized"] < CFG.rollback_fraction * note["predicted"]  # the old rule rolled it back
+
+
+def test_a_move_after_which_the_victim_waits_longer_is_rolled_back() -> None:
+    p1, p2 = settle(rq(0.6, 0.050))
+    rollbacks = [a for a in p2.actions if a.kind == "rollback"]
+    assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
+    assert "got worse beyond the noise band" in rollbacks[0].reason
+    note = next(c for c in p2.considered if c.get("kind") == "evaluation")
+    assert note["rejected"] == "rolled back" and note["realized"] == pytest.approx(-0.2)
+
+
+def settle_through(waits: list[float]) -> Plan:
+    """The latency container moved at t (no history yet: the floor band), then measured each
+    10 s window with these waits (p99 30 ms, still over target) until judged at t + 30."""
+    s0 = shared(rq(0.4, 0.040))
+    p = plan(s0, CFG, None, s0.time)
+    moved = p
+    for i, w in enumerate(waits, start=1):
+        later = after(s0, moved, s0.time + 10 * i, lat=rq(w, 0.030))
+        p = plan(later, CFG, p.state, later.time)
+    return p
+
+
+def test_the_band_is_widened_to_the_noise_measured_since_the_move() -> None:
+    # 0.05 s/s better at judgement, but the windows since the move swing by 0.2 s/s
+    p = settle_through([0.30, 0.50, 0.35])
+    note = next(c for c in p.considered if c.get("kind") == "evaluation")
+    assert note["band"] > 0.2, note
+    assert note["rejected"] == "rolled back", note
+    assert "no measured improvement beyond the noise band" in next(a.reason for a in p.actions if a.kind == "rollback")
+
+
+def test_steady_windows_since_the_move_keep_the_floor_band() -> None:
+    p = settle_through([0.35, 0.35, 0.35])  # control: the same drop, measured steadily
+    note = next(c for c in p.considered if c.get("kind") == "evaluation")
+    assert note["band"] < 0.01 and note["rejected"] == "kept: the move helped, less than predicted", note
+
+
+def predicted_drop(s: Snapshot) -> float:
+    (p,) = plan(s, CFG, None, s.time).state.pending
+    return sum(b - p.health_predicted[v] for v, b in p.health_before.items())
+
+
+def test_busy_cores_no_container_accounts_for_shrink_the_predicted_wait_drop() -> None:
+    seen_only = shared(rq(0.4, 0.040))  # the containers use 1.1 of the node's 8 CPUs
+    busy = replace(seen_only, node_metrics={"cpu_busy_cores": 1.1 + 6.0})  # 6 more unseen
+    quiet = replace(seen_only, node_metrics={"cpu_busy_cores": 1.1})  # control: nothing unseen
+    assert predicted_drop(quiet) == pytest.approx(predicted_drop(seen_only))
+    assert predicted_drop(busy) < 0.8 * predicted_drop(seen_only)
