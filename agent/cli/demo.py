@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import fcntl
 import os
 import shutil
 import signal
@@ -128,8 +129,8 @@ def workloads(cgfs: Cgroupfs, commands: Mapping[str, list[str]] = WORKLOADS, *,
     """Start each command in its own cgroup `<base>/<name>`; always clean up."""
     started: list[Workload] = []
     created: list[str] = []
+    lock = claim(cgfs, base)  # before anything of ours exists: a running demo's cgroups are its own
     try:
-        cgfs.create(base)
         created.append(base)
         for name, argv in commands.items():
             rel = f"{base}/{name}"
@@ -159,6 +160,27 @@ def workloads(cgfs: Cgroupfs, commands: Mapping[str, list[str]] = WORKLOADS, *,
                 cgfs.remove(rel)
             except Exception as e:  # report, keep cleaning
                 print(f"perfbalance demo: could not remove cgroup {rel}: {e}", file=sys.stderr)
+        os.close(lock)
+
+
+class DemoBusy(Exception):
+    """Another demo holds the demo cgroups."""
+
+
+def claim(cgfs: Cgroupfs, base: str) -> int:
+    """Create `base` and hold an exclusive flock(2) on its directory for the demo's lifetime: a
+    second demo at the same time would share and fight over the same cgroups (and remove them
+    under the first one at its end). The lock goes with the process, so a killed demo leaves none."""
+    cgfs.create(base)
+    fd = cgfs.open_dir(base)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holders = ", ".join(str(p) for p in cgfs.pids(base, recursive=True)) or "none left"
+        raise DemoBusy(f"another perfbalance demo is running in cgroup {base} (its workloads: pids {holders}); "
+                       "wait for it to finish") from None
+    return fd
 
 
 def demo_config(base: Config, *, run_dir: str, interval: float) -> tuple[Config, str]:
@@ -253,6 +275,9 @@ def main(args: argparse.Namespace) -> int:
             if dead:
                 return 1
             summarize(agent.state.latest, started)
+    except DemoBusy as e:
+        print(f"perfbalance demo: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ninterrupted; cleaning up")
     finally:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.cli.demo import supervised, workloads
+from agent.cli.demo import DemoBusy, supervised, workloads
 from perfbalance.cgroupfs import Cgroupfs
 
 pytestmark = [pytest.mark.root]
@@ -72,3 +72,15 @@ def test_running_workloads_let_the_agent_finish_and_report_nothing(cgfs: Cgroupf
     agent = UntilStopped(limit=0.3)
     assert run(cgfs, {"scalar": SLEEPER}, agent) == []
     assert not agent.stopped
+
+
+def test_a_second_demo_at_the_same_time_is_refused_and_leaves_the_first_alone(cgfs: Cgroupfs) -> None:
+    base = f"pbtest-demo-busy-{os.getpid()}"
+    with workloads(cgfs, {"sleeper": SLEEPER}, base=base) as first:
+        with pytest.raises(DemoBusy, match=rf"another perfbalance demo is running in cgroup {base} .*pids {first[0].proc.pid}"):
+            with workloads(cgfs, {"sleeper": SLEEPER}, base=base):
+                pass
+        assert first[0].proc.poll() is None and cgfs.pids(f"{base}/sleeper") == [first[0].proc.pid]
+    with workloads(cgfs, {"sleeper": SLEEPER}, base=base) as again:  # control: free once the first is done
+        assert again[0].proc.poll() is None
+    assert not cgfs.exists(base)
