@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,34 @@ def test_a_bad_device_is_refused_naming_the_key_and_value(cgfs, cgroups, blkio, 
     msg = str(e.value)
     assert "pod ns/p container bad" in msg and "blockio.classes.slow.devices[0].path" in msg
     assert "'/dev/disk'" in msg and why in msg
+
+
+@pytest.fixture
+def bfq(loop_device: str) -> Iterator[str]:
+    """The loop device with the BFQ I/O scheduler (the previous scheduler put back after)."""
+    sched = Path(f"/sys/block/{os.path.basename(loop_device)}/queue/scheduler")
+    text = sched.read_text() if sched.exists() else ""
+    if "bfq" not in text:
+        pytest.skip(f"no bfq scheduler for {loop_device} ({text.strip() or 'no scheduler file'})")
+    before = text[text.index("[") + 1:text.index("]")] if "[" in text else "none"
+    sched.write_text("bfq")
+    try:
+        yield loop_device
+    finally:
+        sched.write_text(before)
+
+
+def test_a_class_weight_is_written_to_the_bfq_weight_file_of_a_real_cgroup(cgfs, cgroups, bfq, blkio):
+    """The kernel's BFQ weight file takes the class's weight; an unclassed container keeps the
+    kernel's default (the control). The share itself is not asserted: on a file-backed loop device
+    two direct readers split 1.45-1.62 : 1 at weights 1000 : 100 (1.01 at equal weights) in runs
+    alone, but too unsteadily under other load to be a test (docs/tested-against.md)."""
+    ctl = BlockIoController(section=section({"heavy": {"weight": 1000}}, enforce="hard"), cgroupfs=cgfs)
+    heavy_rel, plain_rel = cgroups.make("heavy", blkio), cgroups.make("plain", blkio)
+    heavy, plain = container(heavy_rel, "heavy"), container(plain_rel, "plain")
+    ctl.begin_cycle()
+    assert ctl.apply(heavy, "heavy") == [] and ctl.apply(plain, None) == []
+    weight = ctl.weight_file(heavy_rel)
+    assert weight in ("blkio.bfq.weight", "io.bfq.weight")
+    assert cgfs.read(heavy_rel, blkio[0], weight).split()[-1] == "1000"
+    assert cgfs.read(plain_rel, blkio[0], weight).split()[-1] == "100"
