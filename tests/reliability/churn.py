@@ -98,6 +98,7 @@ class ProcSample:
     fds: int
     rss_kib: int
     threads: int
+    anon_kib: int = 0  # RssAnon: what a leak grows (RssFile is library pages, bounded by their size)
 
 
 def proc_sample(pid: int, procfs: str = "/proc") -> ProcSample:
@@ -107,7 +108,8 @@ def proc_sample(pid: int, procfs: str = "/proc") -> ProcSample:
             key, _, value = line.partition(":")
             status[key] = value.strip()
     return ProcSample(time=time.monotonic(), fds=len(os.listdir(os.path.join(procfs, str(pid), "fd"))),
-                      rss_kib=int(status["VmRSS"].split()[0]), threads=int(status["Threads"]))
+                      rss_kib=int(status["VmRSS"].split()[0]), threads=int(status["Threads"]),
+                      anon_kib=int(status.get("RssAnon", "0 kB").split()[0]))
 
 
 # ---------------------------------------------------------------------------------------------
