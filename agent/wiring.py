@@ -180,9 +180,8 @@ class Parts:
 
     def _find_started(self, container_id: str) -> Container | None:
         """A container NRI reports started, as this cycle's discovery would see it."""
-        found = [c for c in discover(self.cgfs, kubernetes=self.config.discovery.kubernetes,
-                                     globs=self.config.discovery.globs, kubelet=self.kubelet,
-                                     procfs_root=self.config.host.procfs_root) if c.id == container_id]
+        found = discover(self.cgfs, kubernetes=self.config.discovery.kubernetes, globs=self.config.discovery.globs,
+                         kubelet=self.kubelet, procfs_root=self.config.host.procfs_root, only={container_id})
         view = self.nri.view
         if found and view is not None:
             found = podmeta.enrich(found, pod_infos(view), options=podmeta.options_from_config(self.config))

@@ -18,7 +18,7 @@ import fnmatch
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from perfbalance import cgroupfs as cg
@@ -324,11 +324,12 @@ def is_pause(cgfs: Cgroupfs, rel: str, procfs_root: str) -> bool:
 
 
 def discover(cgfs: Cgroupfs, *, kubernetes: bool, globs: Sequence[str], kubelet: KubeletState,
-             procfs_root: str | None = None) -> list[Container]:
+             procfs_root: str | None = None, only: Collection[str] | None = None) -> list[Container]:
     """Every container on the node, Kubernetes ones first, then globbed ones (no duplicates).
 
     `procfs_root`, when given, lets discovery drop pod sandboxes (`pause`). Bad globs raise
-    ParseError (a config error); everything per container is skipped with a log line.
+    ParseError (a config error); everything per container is skipped with a log line. `only`:
+    container ids to build; the others are found by their paths but none of their files is read.
     """
     ctl = scan_controller(cgfs)
     found = (find_kubernetes(cgfs, ctl) if kubernetes else []) + find_globbed(cgfs, ctl, globs)
@@ -338,6 +339,8 @@ def discover(cgfs: Cgroupfs, *, kubernetes: bool, globs: Sequence[str], kubelet:
         if f.rel in seen or f.id in seen:
             continue
         seen.update((f.rel, f.id))
+        if only is not None and f.id not in only:
+            continue
         c = _one(cgfs, f, kubelet, ctl, procfs_root)
         if c is not None:
             out.append(c)

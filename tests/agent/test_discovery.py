@@ -260,3 +260,17 @@ def test_static_pod_uids_are_32_hex_digits(name):
 
     parsed = parse_pod_dir(name)
     assert parsed is not None and parsed[0] == "0123456789abcdef0123456789abcdef"
+
+
+def test_only_the_named_containers_are_built_and_the_others_files_are_not_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = fakecg.hybrid(tmp_path)
+    v1_container(root, f"kubepods/burstable/pod{UID}/{CID}", cpus="0-1")
+    other = f"kubepods/burstable/pod{UID}/{CID2}"
+    v1_container(root, other, cpus="2-3")
+    fs = Cgroupfs(root=str(root))
+    (root / "cpuset" / other / "cpuset.effective_cpus").write_text("not a cpu list")  # read: skipped, logged
+    one = d.discover(fs, kubernetes=True, globs=(), kubelet=KubeletState(), only={CID})
+    assert [(c.id, str(c.cpuset)) for c in one] == [(CID, "0-1")]
+    assert other not in caplog.text
+    assert [c.id for c in d.discover(fs, kubernetes=True, globs=(), kubelet=KubeletState())] == [CID]
+    assert f"skipping container cgroup {other}" in caplog.text  # control: the full scan reads its files
