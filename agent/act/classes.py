@@ -111,22 +111,14 @@ class ClassManager:
 
     # -- the cycle -------------------------------------------------------------------------------
     def sync(self, containers: Sequence[Container]) -> ClassCycle:
-        changes, errors, notes = [], [], []
-        for slot in self.slots.values():
-            slot.controller.begin_cycle()
-            for c in containers:
-                ch, err, nts = self._one(slot, c)
-                changes += [ch] if ch else []
-                errors += [err] if err else []
-                notes += nts
-            self._prune(slot, {c.id for c in containers})
-            slot.stale = set()
-        self._save()
-        return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
+        return self._run(containers, forget_others=True)
 
     def admit(self, containers: Sequence[Container]) -> ClassCycle:
         """The classes of containers just started, between two cycles: decided and applied like
         a cycle's (`sync`), without forgetting the containers not named here."""
+        return self._run(containers, forget_others=False)
+
+    def _run(self, containers: Sequence[Container], *, forget_others: bool) -> ClassCycle:
         changes, errors, notes = [], [], []
         for slot in self.slots.values():
             slot.controller.begin_cycle()
@@ -135,6 +127,9 @@ class ClassManager:
                 changes += [ch] if ch else []
                 errors += [err] if err else []
                 notes += nts
+            if forget_others:  # a whole cycle's containers: the rest are gone
+                self._prune(slot, {c.id for c in containers})
+                slot.stale = set()
         self._save()
         return ClassCycle(changes=tuple(changes), errors=tuple(errors), notes=tuple(notes))
 
