@@ -104,23 +104,19 @@ class Exposition:
         with self._lock:
             if report is not self._report:
                 self._report, self._bodies = report, {}
-            key = (ctype, gz)
-            body = self._bodies.get(key)
-            if body is None:
-                body = self._plain(report, view, encoder, ctype)
-                if gz:
-                    body = gzip.compress(body, GZIP_LEVEL, mtime=0)
-                if len(self._bodies) < MAX_VARIANTS:
-                    self._bodies[key] = body
-            return body
+            return self._body(report, view, encoder, ctype, gz)
 
-    def _plain(self, report: CycleReport, view: Mapping[str, Any], encoder: Callable[[Collector], bytes],
-               ctype: str) -> bytes:
-        cached = self._bodies.get((ctype, False))
-        if cached is not None:
-            return cached
-        self.renders += 1
-        body = _encode(encoder, report_families(report, view, bandwidth_peak=self.bandwidth_peak), final=True)
+    def _body(self, report: CycleReport, view: Mapping[str, Any], encoder: Callable[[Collector], bytes],
+              ctype: str, gz: bool) -> bytes:
+        """The report part in one variant, from the cache or made (a gzip one from the plain one)."""
+        body = self._bodies.get((ctype, gz))
+        if body is not None:
+            return body
+        if gz:
+            body = gzip.compress(self._body(report, view, encoder, ctype, False), GZIP_LEVEL, mtime=0)
+        else:
+            self.renders += 1
+            body = _encode(encoder, report_families(report, view, bandwidth_peak=self.bandwidth_peak), final=True)
         if len(self._bodies) < MAX_VARIANTS:
-            self._bodies[(ctype, False)] = body
+            self._bodies[(ctype, gz)] = body
         return body
