@@ -11,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from containerd_env import Containerd, cleanup, missing, new_containerd, remove_cgroups  # noqa: E402
+from containerd_env import Containerd, missing, new_containerd, running  # noqa: E402
+from tests.node.containerd import remove_cgroups  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +22,8 @@ def containerd() -> Iterator[Containerd]:
     why = missing()
     if why:
         pytest.skip(why)
-    c = new_containerd("t")
-    try:
-        c.start()
-        c.import_image()
+    with running(new_containerd("t")) as c:
         yield c
-    finally:
-        cleanup(c)
 
 
 @pytest.fixture
@@ -38,10 +34,5 @@ def kubelet(containerd: Containerd) -> Iterator[object]:
     try:
         yield k
     finally:
-        for pod in k.pods:
-            try:
-                k.stop_remove_pod(pod)
-            except Exception:
-                pass
-        k.close()
+        k.teardown()
         remove_cgroups(parent)

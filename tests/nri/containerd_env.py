@@ -18,6 +18,8 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,12 +207,12 @@ def cleanup(c: Containerd) -> None:
     shutil.rmtree(c.dir, ignore_errors=True)
 
 
-def remove_cgroups(name: str) -> None:
-    """rmdir, deepest first, every cgroup directory named `name` (and below) in every hierarchy:
-    runc creates the relative pod parents under the caller's own cgroup of each hierarchy."""
-    for top in Path("/sys/fs/cgroup").glob(f"**/{name}"):
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+@contextmanager
+def running(c: Containerd) -> Iterator[Containerd]:
+    """`c` started with the test image imported, and cleaned up afterwards whatever happens."""
+    try:
+        c.start()
+        c.import_image()
+        yield c
+    finally:
+        cleanup(c)

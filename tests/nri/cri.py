@@ -22,6 +22,15 @@ class Kubelet:
     def close(self) -> None:
         self._chan.close()
 
+    def teardown(self) -> None:
+        """What a test's fixture does at the end: stop and remove every pod it ran, then close."""
+        for pod in self.pods:
+            try:
+                self.stop_remove_pod(pod)
+            except Exception:  # already gone, or the runtime was killed by the test
+                pass
+        self.close()
+
     def pod_config(self, name: str, *, namespace: str = "default", labels: dict[str, str] | None = None,
                    annotations: dict[str, str] | None = None) -> cri.PodSandboxConfig:
         uid = str(uuid.uuid4())

@@ -99,12 +99,7 @@ def kube(containerd, top: str) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     try:
         yield k
     finally:
-        for pod in k.pods:
-            try:
-                k.stop_remove_pod(pod)
-            except Exception:
-                pass
-        k.close()
+        k.teardown()
 
 
 def agent_for(tmp_path: Path, containerd: Any, *, nri: str, reserved: str, script: Script,

@@ -36,7 +36,7 @@ import pytest
 
 from agent.config import load_config
 from agent.loop import Agent
-from containerd_env import Containerd, cleanup, missing, new_containerd
+from containerd_env import Containerd, missing, new_containerd, running
 from rebalancer.admit import AVX_ANNOTATION, LATENCY_ANNOTATION
 from test_containerd_plugin import allowed
 from tests.node.agentproc import free_port, write_config
@@ -94,12 +94,8 @@ def containerd(loop_device: str) -> Iterator[Containerd]:
         f"Classes:\n  slow:\n    - Devices:\n        - {loop_device}\n      ThrottleWriteBps: {SLOW_BPS}\n")
     # containerd 1.7 reads the class config in its tasks service, not in the CRI plugin's table
     c.extra_toml = f'[plugins."io.containerd.service.v1.tasks-service"]\n  blockio_config_file = "{c.dir}/blockio.yaml"\n'
-    try:
-        c.start()
-        c.import_image()
+    with running(c):
         yield c
-    finally:
-        cleanup(c)
 
 
 @pytest.fixture
@@ -111,12 +107,7 @@ def kube(containerd: Containerd) -> Iterator[Any]:
     try:
         yield k
     finally:
-        for pod in k.pods:
-            try:
-                k.stop_remove_pod(pod)
-            except Exception:
-                pass
-        k.close()
+        k.teardown()
         left = remove_cgroups(top)
         assert not left, f"cgroups left behind: {left}"
 
