@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import io
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,14 +21,8 @@ INTERVAL = 0.2
 
 
 @pytest.fixture(autouse=True)
-def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
+def root_logging(restore_root_logging: None) -> None:
+    """The agent's logging set-up is undone after each test (tests/conftest.py)."""
 
 
 def write(path: Path, tmp_path: Path, **sections: dict) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,14 +38,8 @@ INTERVAL = 0.3
 
 
 @pytest.fixture(autouse=True)
-def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
+def root_logging(restore_root_logging: None) -> None:
+    """The agent's logging set-up is undone after each test (tests/conftest.py)."""
 
 
 @pytest.fixture
