@@ -58,17 +58,20 @@ def scenario_results(planner: Planner = plan, *, truth_optimum_evals: int = sc.M
     """Per scenario the strategies' results by the planner-side simulator (`results`), the same
     placements by the independent one (`truth`; its optimum is its own search; on AVX-512
     scenarios also `licence_slowdown`: the victims' slowdown that a zero licence loss would take
-    away, for `none` and `perfbalance`), and where they disagree on perfbalance's final
-    placement. `ideal`: per AVX scenario the planner-side victim slowdown with a zero licence loss."""
+    away, for `none` and `perfbalance`; `perfbalance_observing_truth`: the closed loop run on the
+    Snapshots the independent node reports, scored there), and where they disagree on
+    perfbalance's final placement. `ideal`: per AVX scenario the planner-side victim slowdown with a zero licence loss."""
     rows, ideal = [], {}
     for make in sc.SCENARIOS + sc.AFFINITY_SCENARIOS:
         s = make()
         runs = {"none": sc.run_none(s, JUDGES), "placement_tag": sc.run_placement_tag(s, JUDGES),
                 "perfbalance": sc.run_perfbalance(s, planner=planner, judges=JUDGES), "optimum": sc.run_optimum(s)}
         t_opt = sc.run_optimum(s, judge.score, max_evals=truth_optimum_evals)
+        on_truth = sc.run_perfbalance(s, planner=planner, judges=JUDGES, observe=_truth_observer())
         truth: dict[str, Any] = {k: _pair(r.judged["truth"]) if r is not None and "truth" in r.judged else None
                                  for k, r in runs.items()}
         truth["optimum"] = _pair((t_opt.victim_slowdown, t_opt.throughput)) if t_opt is not None else None
+        truth["perfbalance_observing_truth"] = {**_pair(on_truth.judged["truth"]), "moves": on_truth.moves}
         opt = runs["optimum"]
         truth["planner_model_optimum"] = (_pair(judge.score(s.node, s.workloads, opt.final)) if opt is not None
                                           else None)
@@ -94,13 +97,17 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, dict[str, float]], plan_c
     rows' `truth`) or "sim" (the planner-side simulator's, rows' `results`). Avoidable AVX-512
     slowdown: by sim, `none` minus the scenario with a zero licence loss (as before); by truth,
     the licence's share of `none`'s victim slowdown (what a zero loss would remove from it), and
-    removed = 1 - the licence's share left in perfbalance's placement over it."""
-    gap = {}
+    removed = 1 - the licence's share left in perfbalance's placement over it. By truth also the
+    gap of the closed loop that observed the independent node (`..._observing_truth`)."""
+    gap, observing = {}, {}
     removed = {}
     for r in rows:
         res = r["truth"] if model == "truth" else r["results"]
         if res["optimum"] is not None:
             gap[r["name"]] = round(1.0 - res["perfbalance"]["throughput"] / res["optimum"]["throughput"], 4)
+            if "perfbalance_observing_truth" in res:
+                observing[r["name"]] = round(
+                    1.0 - res["perfbalance_observing_truth"]["throughput"] / res["optimum"]["throughput"], 4)
         if r["name"] in ideal:
             if model == "truth":  # the licence's own share: SMT and cache effects are not AVX-512's
                 lic = res["licence_slowdown"]
@@ -110,9 +117,13 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, dict[str, float]], plan_c
                 left = res["perfbalance"]["victim_slowdown"] - ideal[r["name"]]["sim"]
             if avoidable > 1e-9:
                 removed[r["name"]] = round((avoidable - left) / avoidable, 4)
+    extra = {} if model != "truth" else {
+        "throughput_gap_to_optimum_observing_truth": observing,
+        "within_5pct_of_optimum_observing_truth": all(g <= 0.05 for g in observing.values())}
     return {
         "throughput_gap_to_optimum": gap,
         "within_5pct_of_optimum": all(g <= 0.05 for g in gap.values()),
+        **extra,
         "avx512_slowdown_removed": removed,
         "avx512_90pct_removed": all(v >= 0.9 for v in removed.values()),
         "pingpong": pingpong,
@@ -170,19 +181,26 @@ def run(args: argparse.Namespace) -> int:
         pingpong[model] = {"scenario": "avx512_vs_scalar", "cycles": cycles, "noise": 0.05, "observed_on": model,
                            "moves_while_settling": early, "moves_after_settling": late}
     pair_cycles = 300 if quick else 2000
-    steady = {make().name: sc.steady_moves(make(), cycles=pair_cycles, settle_cycles=50, planner=planner)[1]
-              for make in sc.AFFINITY_SCENARIOS}
+    steady = {model: {make().name: sc.steady_moves(make(), cycles=pair_cycles, settle_cycles=50, planner=planner,
+                                                   observe=observe)[1] for make in sc.AFFINITY_SCENARIOS}
+              for model, observe in (("sim", sc.snapshot), ("truth", _truth_observer()))}
     cpu, wall = measure_plan_seconds(3 if quick else 7, planner)
     out = {"policy": name, "scenarios": rows, "plan_seconds": {k: round(v, 5) for k, v in cpu.items()},
            "plan_wall_seconds": {k: round(v, 5) for k, v in wall.items()},
-           "goals": {**goals(rows, ideal, cpu, pingpong["truth"]), **pair_goals(rows, steady)},
-           "goals_planner_model": goals(rows, ideal, cpu, pingpong["sim"], model="sim")}
+           "goals": {**goals(rows, ideal, cpu, pingpong["truth"]), **pair_goals(rows, steady["truth"])},
+           "goals_planner_model": {**goals(rows, ideal, cpu, pingpong["sim"], model="sim"),
+                                   **_pingpong_only(pair_goals(rows, steady["sim"]))}}
     if getattr(args, "json", False):
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(out))
     return 0
+
+
+def _pingpong_only(pair: dict[str, Any]) -> dict[str, Any]:
+    """The pair goals that depend on the simulator (the pair outcomes are placements, the same)."""
+    return {k: pair[k] for k in ("affinity_pingpong", "affinity_no_pingpong")}
 
 
 def _truth_observer() -> sc.Observer:
@@ -214,6 +232,11 @@ def render(out: dict[str, Any]) -> str:
             t_s = f"{tru['victim_slowdown']:>7.1%}" if tru else f"{'n/a':>7}"
             t_t = f"{tru['throughput']:>7.3f}" if tru else f"{'n/a':>7}"
             lines.append(f"{r['name']:<24} {strat:<14} {sim}{t_s} {sim_t}{t_t}{_pairs_cell(res)}")
+    lines += ["", "perfbalance observing the independent node (closed loop on its Snapshots, scored there):"]
+    for r in out["scenarios"]:
+        o = r["truth"]["perfbalance_observing_truth"]
+        lines.append(f"{r['name']:<24} slowdown {o['victim_slowdown']:>6.1%}  throughput {o['throughput']:.3f}"
+                     f"  moves {o['moves']}")
     lines += ["", "where the simulators disagree (perfbalance's final placement, truth - sim):"]
     for r in out["scenarios"]:
         d = r["disagreement"]

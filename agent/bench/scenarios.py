@@ -117,10 +117,12 @@ def run_placement_tag(sc: Scenario, judges: Mapping[str, Scorer] | None = None) 
 
 
 def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None, *, planner: Planner = plan,
-                    judges: Mapping[str, Scorer] | None = None) -> Result:
+                    judges: Mapping[str, Scorer] | None = None, observe: Observer | None = None) -> Result:
     """The closed loop with the cost model, or with `planner` (a policy: agent.plan.runner.planner).
-    The planner sees this module's simulator; `judges` score the same placements besides."""
-    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner, planner, judges=judges)
+    The planner sees this module's simulator, or the Snapshots `observe` makes; `judges` score
+    the same placements besides."""
+    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner, planner, judges=judges,
+                observe=observe or snapshot)
 
 
 def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
@@ -144,7 +146,7 @@ def _all_workloads(sc: Scenario) -> list[Workload]:
 
 def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, frozenset[int]]], frozenset[int]],
          config: RebalancerConfig | None, planner: Planner = plan, *,
-         judges: Mapping[str, Scorer] | None = None) -> Result:
+         judges: Mapping[str, Scorer] | None = None, observe: Observer | None = None) -> Result:
     live: dict[str, Workload] = {}
     cpus: dict[str, frozenset[int]] = {}
     classes: dict[str, str] = {}
@@ -163,8 +165,8 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
             if e.cycle == cycle:
                 _event(sc, e, live, cpus, classes, place)
         if config is not None:
-            snap = snapshot(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
-                            pmu=sc.pmu, noise=sc.noise, rng=rng)
+            snap = (observe or snapshot)(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
+                                         pmu=sc.pmu, noise=sc.noise, rng=rng)
             p = planner(snap, config, state, cycle * INTERVAL)
             state = p.state
             moves += apply(p.actions, cpus, classes)

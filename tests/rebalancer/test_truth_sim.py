@@ -5,6 +5,7 @@ through it, and the import-linter contract that keeps it apart from the planner.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 import tomllib
@@ -204,3 +205,20 @@ def test_the_contract_breaks_when_truth_imports_the_planner_indirectly(tmp_path:
     assert out.returncode != 0 and "BROKEN" in out.stdout
     (tmp_path / "agent/bench/truth/__init__.py").write_text("import math\n")  # control: stdlib only
     assert lint().returncode == 0
+
+
+@pytest.mark.slow
+def test_bench_plan_reports_both_simulators_and_their_disagreement(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    assert main(["bench", "plan", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = next(r for r in out["scenarios"] if r["name"] == "avx512_vs_scalar_small")
+    d = row["disagreement"]
+    assert d["difference"]["throughput"] == pytest.approx(d["truth"]["throughput"] - d["sim"]["throughput"], abs=2e-4)
+    assert d["drives"]["throughput"] in truth.ELEMENTS and set(d["left_without"]) == set(truth.ELEMENTS)
+    assert out["goals"]["pingpong"]["observed_on"] == "truth"
+    assert out["goals_planner_model"]["pingpong"]["observed_on"] == "sim"
+    assert "within_5pct_of_optimum_observing_truth" in out["goals"]
+    text = bench_plan.render(out)
+    assert "where the simulators disagree" in text and "judged by the independent simulator" in text
