@@ -12,6 +12,7 @@ has it) and the element whose removal closes most of the gap is named.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,15 @@ def restricted(node: Node, classes: Mapping[str, str] | None) -> frozenset[str]:
 def score(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, frozenset[int]],
           classes: Mapping[str, str] | None = None) -> tuple[float, float]:
     """(victim slowdown, throughput) by the independent simulator (an agent.bench.scenarios Scorer)."""
-    return truth.score(machine(node), [job(w) for w in workloads], cpus, restricted(node, classes))
+    jobs = tuple(job(w) for w in workloads)
+    return _score(machine(node), jobs, tuple((j.id, cpus[j.id]) for j in jobs), restricted(node, classes))
+
+
+@functools.lru_cache(maxsize=8192)
+def _score(m: truth.Machine, jobs: tuple[truth.Job, ...], cpus: tuple[tuple[str, frozenset[int]], ...],
+           res: frozenset[str]) -> tuple[float, float]:
+    """Scores by value (the churn timeline and the optimum's search ask for the same placements)."""
+    return truth.score(m, jobs, dict(cpus), res)
 
 
 def score_without_licence(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, frozenset[int]],

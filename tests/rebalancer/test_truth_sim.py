@@ -61,6 +61,35 @@ def test_cfs_weights_share_a_contended_cpu() -> None:
     assert use["big"].run_s / use["small"].run_s == pytest.approx(3.0, rel=0.05)
 
 
+def _displaced(topo_kw: dict[str, int]) -> sched.Usage:
+    """`mover` (CPUs 0 and 1) runs on CPU 0 until `pinned` (CPU 0 only) wakes at step 10: a job
+    waking from sleep is served first, so `mover` moves to CPU 1 and stays there."""
+    m = truth.Machine.from_topology(synthetic(packages=1, cores_per_node=2, **topo_kw), window_s=10e-3)
+    jobs = [truth.Job(id="mover", threads=1), truth.Job(id="pinned", threads=1)]
+    awake = {("mover", 0): [True] * 20, ("pinned", 0): [10 <= s < 15 for s in range(20)]}
+    return sched.run(m, jobs, {"mover": frozenset({0, 1}), "pinned": frozenset({0})}, awake)["mover"]
+
+
+def test_a_displaced_thread_migrates_once_across_l3_domains() -> None:
+    use = _displaced({"l3_per_package": 2})  # CPU 0 and CPU 1 in different L3 domains
+    assert (use.cross_l3_migrations, use.hot_migrations) == (1, 0)
+    assert use.by_l3 == pytest.approx({0: 5e-3, 1: 5e-3})
+
+
+def test_within_one_l3_domain_the_same_move_is_a_cache_hot_one() -> None:  # the control
+    use = _displaced({})
+    assert (use.cross_l3_migrations, use.hot_migrations) == (0, 1)
+
+
+def test_migration_refill_is_taken_off_the_run_time() -> None:
+    m = _machine(refill_bytes_per_s=10e9)
+    j = truth.Job(id="j", threads=1, working_set=20 * MIB)
+    use = sched.Usage(run_s=0.05, by_state={(False, False): 0.05}, by_l3={0: 0.05}, by_node={0: 0.05},
+                      cross_l3_migrations=2, hot_migrations=0, distance={})
+    # two moves, each reloading 20 MiB at 10 GB/s: 4.19 ms of 50 ms
+    assert truth._lost(m, j, use, {0: 32 * MIB}) == pytest.approx(2 * 20 * MIB / 10e9 / 0.05)
+
+
 # -- LLC and memory --------------------------------------------------------------------------------
 
 def test_a_small_working_set_keeps_only_what_it_uses_the_rest_goes_to_the_other() -> None:
