@@ -80,10 +80,11 @@ def snapshot(node: Node, workloads: Sequence[Workload], cpus: Mapping[str, froze
     """The Snapshot collectors would report on the independent model's node (an Observer);
     `cache` keeps outcomes per placement, since a steady loop asks for the same one each cycle."""
     classes = classes or {}
-    key = (id(node), tuple(sorted((w.id, cpus[w.id]) for w in workloads)), tuple(sorted(classes.items())))
+    m, jobs = machine(node), tuple(job(w) for w in workloads)
+    key = (m, jobs, tuple((j.id, cpus[j.id]) for j in jobs), restricted(node, classes))
     out = cache.get(key) if cache is not None else None
     if out is None:
-        out = truth.evaluate(machine(node), [job(w) for w in workloads], cpus, restricted(node, classes))
+        out = truth.evaluate(m, jobs, cpus, key[3])
         if cache is not None:
             cache[key] = out
     samples = [ContainerSample(container=_container(node, w, cpus, classes),
