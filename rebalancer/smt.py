@@ -1,0 +1,42 @@
+"""SMT sibling sharing: what two busy hyperthreads of one physical core cost each other.
+
+The water-filling model (rebalancer/sharing.py) gives every logical CPU a capacity of 1. Two
+SMT threads of one core are not two cores: while both run, each gets `smt_speed` of the core's
+throughput (~0.6, a yield of ~1.2 for the pair), so work placed on busy siblings is slower than
+the same work on separate cores. The kernel knows this: `select_idle_sibling` looks for an idle
+whole core before an idle thread, and the load balancer spreads tasks over cores before
+doubling up. So the model assumes the busy time of a core's threads is packed: its threads run
+together only for as long as the core's load exceeds one thread's worth,
+
+    ℓ_k = Σ_{t∈k} load_t,  shared_k = ℓ_k − min(1, (n − ℓ_k)/(n − 1))   (ℓ_k > 1; n threads)
+
+thread-seconds per second run beside a busy sibling (2 ℓ_k − 2 for n = 2), each losing
+(1 − smt_speed) of its work. Exact when one sibling is always busy (a pinned busy loop), an
+underestimate for two partly busy threads pinned to the two siblings (their overlap is then
+by chance, not packed). Pure; formulas and sources in docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rebalancer.topoindex import CoreKey
+
+
+def lost(loads: Mapping[int, float], core_of: Mapping[int, CoreKey],
+         cores: Mapping[CoreKey, frozenset[int]], speed: float) -> float:
+    """Core-seconds per second lost to SMT sharing with `loads` (CPU -> its busy time).
+
+    A whole-node term: sharing moves loss between co-runners (the one that leaves a core gains
+    what its sibling's new neighbour loses), so it enters a decision's benefit, not the
+    victims' predicted gain that the move is judged by afterwards (docs/cost-model.md)."""
+    per_core: dict[CoreKey, float] = {}
+    for cpu, x in loads.items():
+        k = core_of[cpu]
+        per_core[k] = per_core.get(k, 0.0) + x
+    out = 0.0
+    for k, load in per_core.items():
+        n = len(cores[k])
+        if n > 1 and load > 1.0 + 1e-12:
+            out += load - min(1.0, (n - load) / (n - 1))
+    return (1.0 - speed) * out
