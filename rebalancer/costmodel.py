@@ -222,7 +222,7 @@ class CostModel:
             parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
             parts["cpu"] += un
         if self.smt_on:
-            parts["smt"] = smt.lost(loads, self.idx.core_of, self.idx.cores, self.cfg.smt_speed)
+            parts["smt"] = smt.lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
         return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)

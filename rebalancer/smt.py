@@ -20,23 +20,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rebalancer.topoindex import CoreKey
+from rebalancer.topoindex import TopoIndex
 
 
-def lost(loads: Mapping[int, float], core_of: Mapping[int, CoreKey],
-         cores: Mapping[CoreKey, frozenset[int]], speed: float) -> float:
+def lost(loads: Mapping[int, float], idx: TopoIndex, speed: float) -> float:
     """Core-seconds per second lost to SMT sharing with `loads` (CPU -> its busy time).
 
     A whole-node term: sharing moves loss between co-runners (the one that leaves a core gains
     what its sibling's new neighbour loses), so it enters a decision's benefit, not the
     victims' predicted gain that the move is judged by afterwards (docs/cost-model.md)."""
-    per_core: dict[CoreKey, float] = {}
-    for cpu, x in loads.items():
-        k = core_of[cpu]
-        per_core[k] = per_core.get(k, 0.0) + x
+    pairs, wider = _cores(idx)
+    get = loads.get
     out = 0.0
-    for k, load in per_core.items():
-        n = len(cores[k])
-        if n > 1 and load > 1.0 + 1e-12:
+    for a, b in pairs:  # two threads: they run side by side 2 l - 2 of the time
+        load = get(a, 0.0) + get(b, 0.0)
+        if load > 1.0 + 1e-12:
+            out += 2.0 * load - 2.0
+    for threads in wider:
+        load = sum(get(c, 0.0) for c in threads)
+        n = len(threads)
+        if load > 1.0 + 1e-12:
             out += load - min(1.0, (n - load) / (n - 1))
     return (1.0 - speed) * out
+
+
+def _cores(idx: TopoIndex) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...]]:
+    """The index's 2-thread cores as CPU pairs and its wider cores as tuples, once per index."""
+    hit = idx.memo.get(("smt-cores",))
+    if hit is None:
+        cores = [tuple(sorted(t)) for t in idx.cores.values() if len(t) > 1]
+        hit = idx.memo[("smt-cores",)] = (tuple(c for c in cores if len(c) == 2),  # type: ignore[misc]
+                                          tuple(c for c in cores if len(c) > 2))
+    return hit  # type: ignore[return-value]

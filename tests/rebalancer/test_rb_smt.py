@@ -35,7 +35,7 @@ def _index(cores: int = 4, threads: int = 2) -> TopoIndex:
 ])
 def test_sibling_loss(loads: dict[int, float], lost: float) -> None:
     idx = _index()
-    assert smt_lost(loads, idx.core_of, idx.cores, 0.6) == pytest.approx(lost)
+    assert smt_lost(loads, idx, 0.6) == pytest.approx(lost)
 
 
 def _smt_part(s, config: RebalancerConfig) -> float:  # type: ignore[no-untyped-def]
