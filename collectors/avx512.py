@@ -101,9 +101,14 @@ def per_container(deltas: Mapping[int, tuple[int, ...]], owners: Mapping[int, tu
     return out
 
 
+# Events a CPU gathers before adding them to the shared map (bpf/avx512.bpf.c): the map's lookup
+# and atomic adds run once per FLUSH events of one key instead of once per event.
+FLUSH = 32
+
+
 def bpf_defines(config: Avx512Config, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/avx512.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
-    return {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+    return {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys, "PB_FLUSH": FLUSH}
 
 
 class Avx512Collector:

@@ -7,8 +7,7 @@ Two modes (docs/collectors.md):
   anti-pattern (containers x CPUs x events).
 - `cgroup`: per-cgroup events (PERF_FLAG_PID_CGROUP with the cgroup directory's fd), for hosts
   without BPF; costs containers x CPUs x events fds and is said so in the status.
-Where the hardware PMU is absent (VMs), the software events task-clock, context-switches and
-cpu-migrations run through the same path. Counts are corrected for multiplexing with the
+Where the hardware PMU is absent (VMs), the software event task-clock runs through the same path. Counts are corrected for multiplexing with the
 enabled/running times; rates come from deltas of cumulative counts, never from resets.
 """
 
@@ -42,6 +41,7 @@ PERF_FLAG_FD_CLOEXEC = 1 << 3
 PERF_FLAG_PID_CGROUP = 1 << 2
 PERF_FORMAT_TOTAL_TIME_ENABLED, PERF_FORMAT_TOTAL_TIME_RUNNING = 1, 2
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+TASK_BITS = 16  # bpf/pmu.bpf.c pmu_task: 64k slots of (key, thread id), 1 MiB
 
 
 # --- perf_event_open through ctypes --------------------------------------------------------------
@@ -139,7 +139,10 @@ def probe_events(names: Sequence[str] = ("cycles", "instructions", "llc_referenc
 def choose_events(wanted: Sequence[EventSpec], *, cpu: int = 0) -> tuple[tuple[EventSpec, ...], list[str]]:
     """The wanted events that open here; when no hardware event opens, the software fallback.
 
-    task_clock is always added (it gives CPU seconds). Returns (events, notes on what was dropped).
+    Only what is asked for is read: every event costs a counter read at each sched_switch that
+    changes cgroup. task_clock is the software fallback (no software event feeds the planner; it
+    keeps the attribution path running and checkable against cpuacct), and the one event used when
+    nothing else opens. Returns (events, notes on what was dropped).
     """
     ok: list[EventSpec] = []
     notes: list[str] = []
@@ -152,7 +155,7 @@ def choose_events(wanted: Sequence[EventSpec], *, cpu: int = 0) -> tuple[tuple[E
     if not any(e.hardware for e in ok) and any(e.hardware for e in wanted):
         notes.append("no hardware PMU events open: using software events " + ", ".join(SOFTWARE_FALLBACK))
         ok += [KNOWN[n] for n in SOFTWARE_FALLBACK if n not in {e.name for e in ok}]
-    if "task_clock" not in {e.name for e in ok}:
+    if not ok:
         ok.append(KNOWN["task_clock"])
     return tuple(ok), notes
 
@@ -270,7 +273,8 @@ class _Base:
 
 def bpf_defines(config: PerfConfig, *, nevents: int, ncpu: int, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/pmu.bpf.c: events x possible CPUs perf array (pure: `doctor --dump-bpf`)."""
-    return {"PB_NEVENTS": nevents, "PB_NCPU": ncpu, "PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+    return {"PB_NEVENTS": nevents, "PB_NCPU": ncpu, "PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys,
+            "PB_TASK_BITS": TASK_BITS}
 
 
 class BpfPerfCollector(_Base):
@@ -336,6 +340,15 @@ class BpfPerfCollector(_Base):
                 r = split_row(row, n)
                 raws[owner[0]] = raws[owner[0]] + r if owner[0] in raws else r
         return self._metrics(containers, raws, window)
+
+    def switches(self, cpu: int | None = None) -> tuple[int, int]:
+        """(switches that read the counters, switches between two tasks of one key that did not)
+        since the program was loaded, on `cpu` or summed over CPUs; (0, 0) when not loaded."""
+        if self._bpf is None:
+            return 0, 0
+        table = self._bpf[b"pmu_switches"]
+        per = [list(table[table.Key(i)]) for i in (0, 1)]
+        return tuple(int(v[cpu]) if cpu is not None else int(sum(v)) for v in per)  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._bpf is not None:

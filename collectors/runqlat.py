@@ -111,10 +111,14 @@ def window_metrics(h: Histogram, window: float) -> dict[str, float]:
     return out
 
 
+# Delays a CPU gathers before adding them to the shared histogram map (bpf/runqlat.bpf.c).
+FLUSH = 32
+
+
 def bpf_defines(config: RunqlatConfig, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/runqlat.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
     return {"PB_MAX_KEYS": config.max_keys, "PB_TASK_BITS": max(10, (config.max_tasks - 1).bit_length()),
-            "PB_KEY_PID": pid_keys}
+            "PB_KEY_PID": pid_keys, "PB_FLUSH": FLUSH}
 
 
 class RunqlatCollector:
