@@ -152,7 +152,7 @@ class Avx512Collector:
         self._bpf = env.load(bpf.render("avx512", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live)
+                                max_keys=self.config.max_keys, live=live, name="avx_counts")
         self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)

@@ -298,7 +298,7 @@ class BpfPerfCollector(_Base):
             self._open_into(self._bpf[b"pmu_events"], ncpu)
             live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
             self._map = CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
-                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
+                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live, name="pmu_counts")
             self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()

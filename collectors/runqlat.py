@@ -154,7 +154,7 @@ class RunqlatCollector:
         self._bpf = env.load(bpf.render("runqlat", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live)
+                                max_keys=self.config.max_keys, live=live, name="rq_hist")
         self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
