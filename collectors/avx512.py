@@ -21,7 +21,7 @@ from typing import Any
 
 import bpf
 from collectors import archstatus
-from collectors.base import LogOnce, Metrics
+from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.keys import KeyMap, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
@@ -120,6 +120,7 @@ class Avx512Collector:
         self._keys: KeyMap | None = None
         self._owners: dict[int, tuple[str, str]] = {}
         self._state: dict[str, Smoothed] = {}
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
@@ -218,11 +219,21 @@ class Avx512Collector:
                  window: float) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         state: dict[str, Smoothed] = {}
+        coarse, idle = self.coarse, self._idle
         for c in containers:
-            n, active, evex = counts.get(c.id, (Counts(), None, None))
-            s = smooth(self._state.get(c.id), active, evex, self.config)
+            got = counts.get(c.id)
+            before = self._state.get(c.id)
+            if got is None and window > 0:  # no switches: the state stays, the rates are zero
+                if before is not None:
+                    state[c.id] = before
+                out[c.id] = idle.get(c.id, before) or idle.put(
+                    c.id, before, window_metrics(Counts(), before, window, coarse=coarse))
+                continue
+            n, active, evex = got or (Counts(), None, None)
+            s = smooth(before, active, evex, self.config)
             if s is not None:
                 state[c.id] = s
-            out[c.id] = window_metrics(n, s, window, coarse=self.coarse)
+            out[c.id] = window_metrics(n, s, window, coarse=coarse)
+        idle.end_cycle()
         self._state = state  # containers that left are forgotten (churn)
         return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors.base import LogOnce, Metrics
+from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.keys import KeyMap, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.kernel import kernel_ok
@@ -221,6 +221,7 @@ class _Base:
         self.events: tuple[EventSpec, ...] = ()
         self._fds: list[int] = []
         self._totals: dict[str, dict[str, float]] = {}
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
@@ -260,10 +261,18 @@ class _Base:
         zero = Raw(counter=(0,) * len(self.events), enabled=(0,) * len(self.events), running=(0,) * len(self.events))
         out: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, float]] = {}
+        idle = self._idle
         for c in containers:
-            counts = window_counts(self.events, raws.get(c.id, zero))
-            totals[c.id] = accumulate(self._totals.get(c.id, {}), counts)
+            raw, before = raws.get(c.id), self._totals.get(c.id)
+            if raw is None and before is not None and window > 0:  # nothing counted: totals stay
+                totals[c.id] = before
+                out[c.id] = idle.get(c.id, before) or idle.put(
+                    c.id, before, derive(self.events, {}, before, window))
+                continue
+            counts = window_counts(self.events, raw or zero)
+            totals[c.id] = accumulate(before or {}, counts)
             out[c.id] = derive(self.events, counts, totals[c.id], window)
+        idle.end_cycle()
         self._totals = totals  # containers that left are forgotten
         return out
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors.base import LogOnce, Metrics
+from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.keys import KeyMap, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
@@ -135,6 +135,7 @@ class RunqlatCollector:
         self._log = LogOnce(log)
         self.defines: dict[str, bpf.DefineValue] = {}
         self.histograms: dict[str, Histogram] = {}  # the last window's, per container
+        self._idle = IdleMetrics()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> CollectorStatus:
@@ -200,4 +201,17 @@ class RunqlatCollector:
             return {}
         self._owners = owners
         self.histograms = per_container(deltas, owners)
-        return {c.id: window_metrics(self.histograms.get(c.id, Histogram()), window) for c in containers}
+        return self._metrics(containers, window)
+
+    def _metrics(self, containers: Sequence[Container], window: float) -> dict[str, dict[str, float]]:
+        """window_metrics of each container; an idle one's (no waits) reused while it stays idle."""
+        out: dict[str, dict[str, float]] = {}
+        idle = self._idle
+        for c in containers:
+            h = self.histograms.get(c.id)
+            if h is not None or window <= 0:
+                out[c.id] = window_metrics(h or Histogram(), window)
+            else:
+                out[c.id] = idle.get(c.id, None) or idle.put(c.id, None, window_metrics(Histogram(), window))
+        idle.end_cycle()
+        return out

@@ -17,7 +17,7 @@ class KeyMap:
 
     A container's cgroup id covers its descendants too (crun's `container/` child, CRI-O's
     `exec`): one stat plus one getdents per directory, since readdir returns each child's
-    inode, which is its cgroup id. In pid mode, keys are the processes listed in the container's
+    inode, which is its cgroup id; a leaf cgroup (st_nlink 2 on kernfs) is not listed at all. In pid mode, keys are the processes listed in the container's
     cgroups; map keys not found that way are looked up in /proc/<pid>/cgroup. `path` is what
     must exist for the key to be alive (the cgroup directory, or /proc/<pid>).
     """
@@ -66,7 +66,10 @@ class KeyMap:
 
     def _ids(self, rel: str) -> list[tuple[int, str]]:
         top = self.cgroupfs.dir(rel, None)
-        out = [(os.stat(top).st_ino, top)]
+        st = os.stat(top)
+        out = [(st.st_ino, top)]
+        if st.st_nlink == 2:
+            return out  # kernfs keeps st_nlink = 2 + subdirectories: a leaf cgroup, nothing to list
         stack = [(top, 0)]
         while stack:
             path, depth = stack.pop()
