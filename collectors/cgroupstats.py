@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import resource
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance import cgroupfs as cg
 from collectors.base import LogOnce, Metrics
+from collectors.filecache import FileCache
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import CollectorStatus, Container
 
@@ -28,7 +27,6 @@ log = logging.getLogger(__name__)
 
 
 SLOW_EVERY = 2  # memory usage and memory PSI are read every this many cycles per container
-READ_BYTES = 4096  # one pread's buffer: every file read here is far shorter (a larger one is read on)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,95 +66,6 @@ def metrics(cur: Reading, prev: Reading | None, window: float) -> dict[str, floa
     return out
 
 
-class FileCache:
-    """Cgroup control files kept open and re-read with pread(2) at offset 0.
-
-    Opening a cgroup file costs a path walk (about 8 us on a VM, versus 1-2 us for the pread),
-    which at five files per container dominated a 1000-container cycle. Files of cgroups that
-    left are closed; a removed cgroup's fd reads ENODEV and is dropped (ContainerGone). At most
-    `capacity` files stay open; beyond that, files are opened and closed per read.
-    """
-
-    def __init__(self, cgroupfs: Any, *, capacity: int) -> None:
-        self.cgroupfs, self.capacity = cgroupfs, capacity
-        self._fds: dict[tuple[str, str | None, str], int] = {}
-
-    def read(self, rel: str, controller: str | None, name: str) -> str:
-        return self.read_bytes(rel, controller, name).decode("utf-8", errors="replace")
-
-    def read_bytes(self, rel: str, controller: str | None, name: str) -> bytes:
-        key = (rel, controller, name)
-        fd = self._fds.get(key)
-        if fd is None:
-            fd = self._open(rel, controller, name)
-            if len(self._fds) >= self.capacity:
-                try:
-                    return _pread(fd, rel)
-                finally:
-                    os.close(fd)
-            self._fds[key] = fd
-        try:
-            return _pread(fd, rel)
-        except ContainerGone:
-            self._close(key)
-            raise
-
-    def _open(self, rel: str, controller: str | None, name: str) -> int:
-        """Through Cgroupfs's safe open: a symlink or mount crossing anywhere on the way is
-        refused (CgroupPathRefused), a vanished cgroup is ContainerGone, a control file missing
-        from a live cgroup is CgroupfsError(ENOENT)."""
-        return int(self.cgroupfs.open_file(rel, controller, name))
-
-    def _close(self, key: tuple[str, str | None, str]) -> None:
-        fd = self._fds.pop(key, None)
-        if fd is not None:
-            os.close(fd)
-
-    def retain(self, rels: Iterable[str]) -> None:
-        """Close the files of cgroups not in `rels`."""
-        keep = set(rels)
-        for key in [k for k in self._fds if k[0] not in keep]:
-            self._close(key)
-
-    def close(self) -> None:
-        for key in list(self._fds):
-            self._close(key)
-
-    def __len__(self) -> int:
-        return len(self._fds)
-
-
-def _pread(fd: int, rel: str) -> bytes:
-    try:
-        data = os.pread(fd, READ_BYTES, 0)
-        return data if len(data) < READ_BYTES else _pread_whole(fd)
-    except OSError as e:
-        if e.errno in (errno.ENODEV, errno.ENOENT, errno.ESRCH):
-            raise ContainerGone(rel or "/", e.strerror or "") from None
-        raise
-
-
-def _pread_whole(fd: int) -> bytes:
-    """A file longer than READ_BYTES: read on from where the first read stopped."""
-    parts = [os.pread(fd, READ_BYTES, 0)]
-    while len(parts[-1]) == READ_BYTES:
-        parts.append(os.pread(fd, READ_BYTES, READ_BYTES * len(parts)))
-    return b"".join(parts)
-
-
-def fd_budget(wanted: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards the hard limit; return how many fds we may keep."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = soft if hard == resource.RLIM_INFINITY and soft >= wanted else min(max(soft, wanted + 1024), hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(0, min(wanted, soft - 1024))
-
-
 class CgroupStatsCollector:
     """The `cgroup_stats` collector. Implements collectors.base.Collector."""
 
@@ -189,7 +98,7 @@ class CgroupStatsCollector:
                 raise FeatureUnavailable("cgroup_stats", f"neither v1 cpuacct nor cgroup v2 under {fs.root}")
         except (PerfbalanceError, OSError) as e:
             return self._set(False, getattr(e, "reason", str(e)))
-        self._files = FileCache(fs, capacity=fd_budget(self.max_open_files))
+        self._files = FileCache.within_budget(fs, wanted=self.max_open_files)
         notes = [] if self._psi else ["no PSI (kernel without CONFIG_PSI or psi=0, or no cgroup v2)"]
         return self._set(True, "; ".join(notes), usage="cpuacct.usage" if self._usage_v1 else "cpu.stat",
                          psi=self._psi)
