@@ -7,7 +7,8 @@ scrape at 60 containers). This measures, with the real collectors:
   three probes `runqlat_sched_switch`, `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`, each
   beside its floor (bpf_ns_floor: an empty program on the same tracepoint),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
-  collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
+  collection cycle of all collectors (the agent's five: avx512, perf, cgroup_stats, iostat,
+  runqlat) with 10, 100 and 1000 real cgroups, each holding a `sleep`,
 - perf_fds: perf event fds opened by the PMU collector, at each container count,
 - rss_bytes: resident memory of this process after the run; memory: its RSS, PSS and anonymous
   bytes (smaps_rollup),
@@ -41,6 +42,7 @@ from collectors.avx512 import Avx512Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import Avx512Config, PerfConfig, RunqlatConfig
+from collectors.iostat import IoStatCollector
 from collectors.runqlat import RunqlatCollector
 from perfbalance.errors import FeatureUnavailable
 from perfbalance.host import HostPaths
@@ -49,6 +51,7 @@ from perfbalance.model import Container
 SIZES = (10, 100, 1000)
 QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
+CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "io")  # what the collectors read (those mounted)
 
 def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
     """Report name -> tracepoint of one BPF program's probes ("runqlat_sched_wakeup" where a
@@ -113,6 +116,7 @@ def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
         Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
         perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
         CgroupStatsCollector(cgroupfs=fs),
+        IoStatCollector(cgroupfs=fs),
         RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs),
     ]
     for c in cols:
@@ -264,15 +268,16 @@ def _events_note(collectors: Sequence[Any]) -> list[str]:
 
 @contextmanager
 def sleeping_cgroups(fs: Cgroupfs, n: int) -> Iterator[list[Container]]:
-    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup)."""
+    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup), in
+    every hierarchy a container has one in (CONTROLLERS and the unified one)."""
     parent = f"{PREFIX}-{os.getpid()}-{n}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fs.create(parent, ("cpuset", "cpu", "cpuacct", "memory"))
+        fs.create(parent, CONTROLLERS)
         containers = []
         for i in range(n):
             rel = f"{parent}/c{i}"
-            fs.create(rel, ("cpuset", "cpu", "cpuacct", "memory"))
+            fs.create(rel, CONTROLLERS)
             procs.append(subprocess.Popen(["sleep", "3600"], preexec_fn=_attach(fs, rel)))
             containers.append(Container(id=f"c{i}", name=f"c{i}", cgroup=rel))
         yield containers
