@@ -23,21 +23,18 @@ class FileCache:
     Opening a cgroup file costs a path walk (about 8 us on a VM, versus 1-2 us for the pread),
     which at five files per container dominated a 1000-container cycle. Files of cgroups that
     left are closed; a removed cgroup's fd reads ENODEV and is dropped (ContainerGone). At most
-    `capacity` files stay open; beyond that, files are opened and closed per read.
+    `capacity` files stay open, and all caches together leave RESERVED_FDS of the process's
+    limit free; beyond that, files are opened and closed per read.
     """
 
     def __init__(self, cgroupfs: Any, *, capacity: int) -> None:
         self.cgroupfs, self.capacity = cgroupfs, capacity
         self._fds: dict[tuple[str, str | None, str], int] = {}
-        self._granted = 0
 
     @classmethod
     def within_budget(cls, cgroupfs: Any, *, wanted: int) -> FileCache:
         """A cache of at most `wanted` files, fewer if the process's fd limit says so."""
-        global _granted
-        f = cls(cgroupfs, capacity=fd_budget(wanted))
-        f._granted, _granted = f.capacity, _granted + f.capacity
-        return f
+        return cls(cgroupfs, capacity=fd_budget(wanted))
 
     def read(self, rel: str, controller: str | None, name: str) -> str:
         return self.read_bytes(rel, controller, name).decode("utf-8", errors="replace")
@@ -47,12 +44,12 @@ class FileCache:
         fd = self._fds.get(key)
         if fd is None:
             fd = self._open(rel, controller, name)
-            if len(self._fds) >= self.capacity:
+            if len(self._fds) >= self.capacity or not _room():
                 try:
                     return _pread(fd, rel)
                 finally:
                     os.close(fd)
-            self._fds[key] = fd
+            self._keep(key, fd)
         try:
             return _pread(fd, rel)
         except ContainerGone:
@@ -65,10 +62,17 @@ class FileCache:
         from a live cgroup is CgroupfsError(ENOENT)."""
         return int(self.cgroupfs.open_file(rel, controller, name))
 
+    def _keep(self, key: tuple[str, str | None, str], fd: int) -> None:
+        global _kept
+        self._fds[key] = fd
+        _kept += 1
+
     def _close(self, key: tuple[str, str | None, str]) -> None:
+        global _kept
         fd = self._fds.pop(key, None)
         if fd is not None:
             os.close(fd)
+            _kept -= 1
 
     def retain(self, rels: Iterable[str]) -> None:
         """Close the files of cgroups not in `rels`."""
@@ -77,10 +81,8 @@ class FileCache:
             self._close(key)
 
     def close(self) -> None:
-        global _granted
         for key in list(self._fds):
             self._close(key)
-        _granted, self._granted = _granted - self._granted, 0
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -107,21 +109,24 @@ def _pread_whole(fd: int, rel: str) -> bytes:
     return b"".join(parts)
 
 
-_granted = 0  # fds granted by fd_budget to FileCaches still open, in this process
+# Files kept open by every FileCache of this process: the fd limit is the process's, so they keep
+# files together only while RESERVED_FDS stay free for everything else (sockets, BPF, perf).
+RESERVED_FDS = 1024
+_kept = 0
+
+
+def _room() -> bool:
+    return _kept < resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS
 
 
 def fd_budget(wanted: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards the hard limit; return how many fds we may keep.
-
-    The limit is the process's, shared by every collector that keeps files: what was granted to
-    FileCaches still open is not granted again (FileCache.close gives it back)."""
+    """Raise the soft RLIMIT_NOFILE towards the hard limit; return how many fds we may keep."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + _granted
-    target = soft if hard == resource.RLIM_INFINITY and soft >= need else min(max(soft, need + 1024), hard)
+    target = soft if hard == resource.RLIM_INFINITY and soft >= wanted else min(max(soft, wanted + RESERVED_FDS), hard)
     if target > soft:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (ValueError, OSError):
             pass
-    return max(0, min(wanted, soft - 1024 - _granted))
+    return max(0, min(wanted, soft - RESERVED_FDS))
