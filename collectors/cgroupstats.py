@@ -84,6 +84,9 @@ class CgroupStatsCollector:
         self._raw: dict[str, tuple[RawFiles, Reading]] = {}  # cgroup -> its files' bytes, parsed
         self._out: dict[str, tuple[dict[str, float], bool]] = {}  # id -> last metrics, steady
         self._phases: dict[str, int] = {}
+        # without and with the slow files: their RawFiles slots and (controller, name), read back
+        # to back (FileCache.read_group)
+        self._group: dict[bool, tuple[tuple[int, ...], tuple[tuple[str | None, str], ...]]] = {}
 
     def start(self) -> CollectorStatus:
         if not self.enabled:
@@ -99,9 +102,20 @@ class CgroupStatsCollector:
         except (PerfbalanceError, OSError) as e:
             return self._set(False, getattr(e, "reason", str(e)))
         self._files = FileCache.within_budget(fs, wanted=self.max_open_files)
+        self._group = {slow: _group(self._files_of(slow)) for slow in (False, True)}
         notes = [] if self._psi else ["no PSI (kernel without CONFIG_PSI or psi=0, or no cgroup v2)"]
         return self._set(True, "; ".join(notes), usage="cpuacct.usage" if self._usage_v1 else "cpu.stat",
                          psi=self._psi)
+
+    def _files_of(self, slow: bool) -> list[tuple[int, str | None, str]]:
+        """(RawFiles slot, controller, name) of the files read in a cycle, with or without the slow."""
+        out: list[tuple[int, str | None, str]] = [(0, "cpu" if self._cpu_v1 else None, "cpu.stat")]
+        out += [(1, "cpuacct", "cpuacct.usage")] if self._usage_v1 else []
+        out += [(2, None, "cpu.pressure")] if self._psi else []
+        if slow:
+            out.append((3, "memory", "memory.usage_in_bytes") if self._mem_v1 else (3, None, "memory.current"))
+            out += [(4, None, "memory.pressure")] if self._psi else []
+        return out
 
     def status(self) -> CollectorStatus:
         return self._status
@@ -179,7 +193,19 @@ class CgroupStatsCollector:
         return reading
 
     def _read_raw(self, f: FileCache, rel: str, *, slow: bool, last: RawFiles | None) -> RawFiles:
-        """The bytes of the files one Reading is parsed from (None: a file this cgroup lacks)."""
+        """The bytes of the files one Reading is parsed from (None: a file this cgroup lacks):
+        back to back where all are kept open, else one by one."""
+        group = self._group.get(slow)
+        data = f.read_group(rel, slow, group[1]) if group is not None else None
+        if group is None or data is None:
+            return self._read_each(f, rel, slow=slow, last=last)
+        slots = group[0]
+        raw: list[bytes | None] = [None, None, None, *(last[3:] if last is not None and not slow else (None, None))]
+        for slot, d in zip(slots, data):
+            raw[slot] = d
+        return tuple(raw)  # type: ignore[return-value]
+
+    def _read_each(self, f: FileCache, rel: str, *, slow: bool, last: RawFiles | None) -> RawFiles:
         stat = f.read_bytes(rel, "cpu" if self._cpu_v1 else None, "cpu.stat")
         usage = f.read_bytes(rel, "cpuacct", "cpuacct.usage") if self._usage_v1 else None
         cpu_pressure = self._optional(f, rel, None, "cpu.pressure") if self._psi else None
@@ -207,6 +233,10 @@ class CgroupStatsCollector:
             if not self.cgroupfs.exists(rel, "cpu" if self._cpu_v1 else None):
                 raise
             return None
+
+
+def _group(files: Sequence[tuple[int, str | None, str]]) -> tuple[tuple[int, ...], tuple[tuple[str | None, str], ...]]:
+    return tuple(f[0] for f in files), tuple((f[1], f[2]) for f in files)
 
 
 # (cpu.stat, cpuacct.usage or None on v2, cpu.pressure, memory usage, memory.pressure) as read

@@ -132,6 +132,9 @@ class IoStatCollector:
 
     def _read_raw(self, rel: str) -> tuple[bytes, ...]:
         f = self._files if self._files is not None else FileCache(self.cgroupfs, capacity=0)
+        data = f.read_group(rel, 0, V1_FILES if self._v1 else V2_FILES)
+        if data is not None:
+            return tuple(data)
         if self._v1:
             return (f.read_bytes(rel, "blkio", V1_BYTES), f.read_bytes(rel, "blkio", V1_OPS))
         return (f.read_bytes(rel, "io", "io.stat"),)
@@ -170,6 +173,7 @@ class IoStatCollector:
 
 
 V1_BYTES, V1_OPS = "blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_serviced_recursive"
+V1_FILES, V2_FILES = (("blkio", V1_BYTES), ("blkio", V1_OPS)), (("io", "io.stat"),)
 
 
 def parse_files(raw: Sequence[bytes], *, v1: bool, source: str = "") -> IoTotals:

@@ -12,6 +12,7 @@ from collector_helpers import SH_BUSY, Cgroups, bounded
 from perfbalance import cgroupfs as cg
 from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector, FileCache, Reading, metrics
+from perfbalance.errors import ContainerGone
 from perfbalance.model import Container
 
 
@@ -192,3 +193,21 @@ def test_idle_metrics_equal_the_per_file_path_and_move_when_the_container_burns_
     burnt = fresh_reading(col, busy.cgroup)
     assert cpu_part(after["busy"]) == cpu_part(metrics(burnt, ref["busy"], 2.0))
     assert after["busy"]["cpu_usage_cores"] > 0.05 and after["busy"] != outs[-1]["busy"]  # control: it moved
+
+
+@pytest.mark.root
+def test_a_group_of_kept_files_reads_what_each_file_reads_and_nothing_once_the_cgroup_is_gone(cgroups: Cgroups) -> None:
+    c = cgroups.new("grouped")
+    files = FileCache(cgroups.fs, capacity=10)
+    names = [("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat")]
+    try:
+        assert files.read_group(c.cgroup, 0, names) is None  # not open yet: read them one by one
+        each = [files.read_bytes(c.cgroup, ctl, name) for ctl, name in names]
+        assert files.read_group(c.cgroup, 0, names) == each
+        cgroups.fs.remove(c.cgroup)
+        assert files.read_group(c.cgroup, 0, names) is None  # control: gone, and said so one by one
+        with pytest.raises(ContainerGone):
+            files.read_bytes(c.cgroup, *names[0])
+        assert files.read_group(c.cgroup, 0, names) is None
+    finally:
+        files.close()
