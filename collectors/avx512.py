@@ -22,7 +22,7 @@ from typing import Any
 import bpf
 from collectors import archstatus
 from collectors.base import IdleMetrics, LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
 from collectors.config import Avx512Config
@@ -112,9 +112,10 @@ class Avx512Collector:
     name = "avx512"
 
     def __init__(self, *, config: Avx512Config, host: HostPaths, cgroupfs: Any,
-                 pid_keys: bool | None = None) -> None:
+                 pid_keys: bool | None = None, keymaps: KeyMaps | None = None) -> None:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -154,7 +155,7 @@ class Avx512Collector:
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
                                 max_keys=self.config.max_keys, live=live, name="avx_counts")
-        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 
@@ -184,16 +185,16 @@ class Avx512Collector:
         window = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
         try:
-            counts = self._coarse(containers, window) if self.coarse else self._fine(containers)
+            counts = self._coarse(containers, window) if self.coarse else self._fine(containers, now)
         except (PerfbalanceError, OSError) as e:
             self._log.warning(f"avx512: collection failed: {e}")
             return {}
         return self._metrics(containers, counts, window)
 
-    def _fine(self, containers: Sequence[Container]) -> dict[str, tuple[Counts, float | None, float | None]]:
+    def _fine(self, containers: Sequence[Container], now: float) -> dict[str, tuple[Counts, float | None, float | None]]:
         assert self._map is not None and self._keys is not None
         deltas = self._map.deltas()
-        owners = self._keys.build(containers, deltas.keys())
+        owners = self._keys.build(containers, deltas.keys(), now=now)
         self._map.prune(self._owners, owners)
         self._owners = owners
         out = {}

@@ -25,7 +25,7 @@ from typing import Any
 
 import bpf
 from collectors.base import IdleMetrics, LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.kernel import kernel_ok
 from collectors.bpfenv.maps import CountingMap
@@ -285,9 +285,11 @@ def bpf_defines(config: PerfConfig, *, nevents: int, ncpu: int, pid_keys: bool) 
 class BpfPerfCollector(_Base):
     """Mode `bpf`: events opened once per CPU, attributed by the `pmu` sched_switch program."""
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None,
+                 keymaps: KeyMaps | None = None) -> None:
         super().__init__(config=config, host=host, cgroupfs=cgroupfs)
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -308,7 +310,7 @@ class BpfPerfCollector(_Base):
             live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
             self._map = CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
                                     batch=env.batch_reads, max_keys=self.config.max_keys, live=live, name="pmu_counts")
-            self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+            self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()
             reason = getattr(e, "reason", None) or str(e)
@@ -331,7 +333,7 @@ class BpfPerfCollector(_Base):
         window = self._window(now)
         try:
             deltas = self._map.deltas()
-            owners = self._keys.build(containers, deltas.keys())
+            owners = self._keys.build(containers, deltas.keys(), now=now)
             self._map.prune(self._owners, owners)
             self._owners = owners
         except (PerfbalanceError, OSError) as e:
@@ -455,15 +457,15 @@ def _raw_delta(cur: Mapping[int, Reading], prev: Mapping[int, Reading], n: int) 
                running=tuple(d(i, "running") for i in range(n)))
 
 
-def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> Any:
+def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> Any:
     """The configured mode; `auto` tries BPF, then per-cgroup events. Call start() on the result."""
     if config.mode == "off":
         return OffCollector()
     if config.mode == "cgroup":
         return CgroupPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
     if config.mode == "bpf":
-        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
-    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
+    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
 
 
 class AutoPerfCollector:
@@ -471,9 +473,9 @@ class AutoPerfCollector:
 
     name = "perf"
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> None:
         self._args = {"config": config, "host": host, "cgroupfs": cgroupfs}
-        self.inner: Any = BpfPerfCollector(**self._args)
+        self.inner: Any = BpfPerfCollector(**self._args, keymaps=keymaps)
 
     def start(self) -> CollectorStatus:
         st = self.inner.start()

@@ -21,7 +21,7 @@ from typing import Any
 
 import bpf
 from collectors.base import IdleMetrics, LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
 from collectors.config import RunqlatConfig
@@ -123,9 +123,10 @@ class RunqlatCollector:
     name = "runqlat"
 
     def __init__(self, *, config: RunqlatConfig, host: HostPaths, cgroupfs: Any,
-                 pid_keys: bool | None = None) -> None:
+                 pid_keys: bool | None = None, keymaps: KeyMaps | None = None) -> None:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -156,7 +157,7 @@ class RunqlatCollector:
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
                                 max_keys=self.config.max_keys, live=live, name="rq_hist")
-        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+        self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 
@@ -194,7 +195,7 @@ class RunqlatCollector:
         self._last = now
         try:
             deltas = self._map.deltas()
-            owners = self._keys.build(containers, deltas.keys())
+            owners = self._keys.build(containers, deltas.keys(), now=now)
             self._map.prune(self._owners, owners)
         except (PerfbalanceError, OSError) as e:
             self._log.warning(f"runqlat: collection failed: {e}")

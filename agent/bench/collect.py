@@ -36,6 +36,7 @@ import bpf
 from agent.bench.scrape import measure_scrape, memory
 from agent.bench.start import measure_start
 from collectors import perf
+from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
 from collectors.avx512 import Avx512Collector
@@ -112,12 +113,13 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
 
 
 def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
+    keys = KeyMaps(fs, procfs=host.procfs)  # as the agent builds them (agent/snapshot/collectors.py)
     cols: list[Any] = [
-        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
-        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
+        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs, keymaps=keys),
+        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs, keymaps=keys),
         CgroupStatsCollector(cgroupfs=fs),
         IoStatCollector(cgroupfs=fs),
-        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs),
+        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs, keymaps=keys),
     ]
     for c in cols:
         c.start()
@@ -236,17 +238,20 @@ def stats_enabled(procfs: str) -> Iterator[None]:
 
 
 def cycle_cost(collectors: Sequence[Any], containers: Sequence[Container], cycles: int = 3) -> tuple[float, dict[str, float]]:
-    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state)."""
+    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state); every
+    collector of a cycle gets the same time, as in the agent's loop."""
     up = [c for c in collectors if c.status().up]
+    now = time.time()
     for c in up:
-        c.collect(containers, time.time())
+        c.collect(containers, now)
     samples: list[float] = []
     by: dict[str, list[float]] = {c.name: [] for c in up}
     for _ in range(cycles):
         total = 0.0
+        now = time.time()
         for c in up:
             t0 = time.thread_time()
-            c.collect(containers, time.time())
+            c.collect(containers, now)
             dt = time.thread_time() - t0
             by[c.name].append(dt)
             total += dt

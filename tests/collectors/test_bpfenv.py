@@ -336,3 +336,17 @@ def test_a_leaf_cgroup_has_its_own_id_and_a_child_made_later_joins_at_the_refres
     child = fs.cgroup_id(f"{c.cgroup}/container")
     assert km.build([c]) == {top: (c.id, fs.dir(c.cgroup, None)),
                              child: (c.id, fs.dir(f"{c.cgroup}/container", None))}
+
+
+def test_collectors_sharing_a_key_map_walk_once_per_cycle(tmp_path: Path) -> None:
+    from perfbalance.model import Container
+
+    fs = v2_tree(tmp_path, ["pod/a", "pod/b/container"])
+    km = keys.KeyMaps(fs).get(pid_keys=False)
+    cs = [Container(id="a", cgroup="pod/a"), Container(id="b", cgroup="pod/b")]
+    first = km.build(cs, now=1.0)
+    assert km.build(cs, now=1.0) is first and km._cycle == 1  # the second collector of the cycle
+    assert sorted(cid for cid, _ in first.values()) == ["a", "b", "b"]  # b's child is b's
+    assert km.build(cs, now=2.0) == first and km._cycle == 2  # control: the next cycle walks again
+    assert km.build(cs[:1], now=2.0) != first and km._cycle == 3  # and so do other containers
+    assert keys.KeyMaps(fs).get(pid_keys=False) is not km  # one per agent, not per process
