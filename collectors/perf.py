@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors.base import LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.base import IdleMetrics, LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.kernel import kernel_ok
 from collectors.bpfenv.maps import CountingMap
@@ -224,6 +224,7 @@ class _Base:
         self.events: tuple[EventSpec, ...] = ()
         self._fds: list[int] = []
         self._totals: dict[str, dict[str, float]] = {}
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
@@ -263,10 +264,18 @@ class _Base:
         zero = Raw(counter=(0,) * len(self.events), enabled=(0,) * len(self.events), running=(0,) * len(self.events))
         out: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, float]] = {}
+        idle = self._idle
         for c in containers:
-            counts = window_counts(self.events, raws.get(c.id, zero))
-            totals[c.id] = accumulate(self._totals.get(c.id, {}), counts)
+            raw, before = raws.get(c.id), self._totals.get(c.id)
+            if raw is None and before is not None and window > 0:  # nothing counted: totals stay
+                totals[c.id] = before
+                out[c.id] = idle.get(c.id, before) or idle.put(
+                    c.id, before, derive(self.events, {}, before, window))
+                continue
+            counts = window_counts(self.events, raw or zero)
+            totals[c.id] = accumulate(before or {}, counts)
             out[c.id] = derive(self.events, counts, totals[c.id], window)
+        idle.end_cycle()
         self._totals = totals  # containers that left are forgotten
         return out
 
@@ -280,9 +289,11 @@ def bpf_defines(config: PerfConfig, *, nevents: int, ncpu: int, pid_keys: bool) 
 class BpfPerfCollector(_Base):
     """Mode `bpf`: events opened once per CPU, attributed by the `pmu` sched_switch program."""
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None,
+                 keymaps: KeyMaps | None = None) -> None:
         super().__init__(config=config, host=host, cgroupfs=cgroupfs)
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -302,8 +313,8 @@ class BpfPerfCollector(_Base):
             self._open_into(self._bpf[b"pmu_events"], ncpu)
             live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
             self._map = CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
-                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
-            self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live, name="pmu_counts")
+            self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()
             reason = getattr(e, "reason", None) or str(e)
@@ -326,7 +337,7 @@ class BpfPerfCollector(_Base):
         window = self._window(now)
         try:
             deltas = self._map.deltas()
-            owners = self._keys.build(containers, deltas.keys())
+            owners = self._keys.build(containers, deltas.keys(), now=now)
             self._map.prune(self._owners, owners)
             self._owners = owners
         except (PerfbalanceError, OSError) as e:
@@ -459,15 +470,15 @@ def _raw_delta(cur: Mapping[int, Reading], prev: Mapping[int, Reading], n: int) 
                running=tuple(d(i, "running") for i in range(n)))
 
 
-def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> Any:
+def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> Any:
     """The configured mode; `auto` tries BPF, then per-cgroup events. Call start() on the result."""
     if config.mode == "off":
         return OffCollector()
     if config.mode == "cgroup":
         return CgroupPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
     if config.mode == "bpf":
-        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
-    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
+    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
 
 
 class AutoPerfCollector:
@@ -475,9 +486,9 @@ class AutoPerfCollector:
 
     name = "perf"
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> None:
         self._args = {"config": config, "host": host, "cgroupfs": cgroupfs}
-        self.inner: Any = BpfPerfCollector(**self._args)
+        self.inner: Any = BpfPerfCollector(**self._args, keymaps=keymaps)
 
     def start(self) -> CollectorStatus:
         st = self.inner.start()

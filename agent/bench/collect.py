@@ -11,7 +11,8 @@ scrape at 60 containers). This measures, with the real collectors:
   two-cgroup load (bpf_ns_per_event_two_cgroups: consecutive events on a CPU change cgroup); and
   the PMU program's split (pmu_ns_split: with_reads, without_reads, reads),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
-  collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
+  collection cycle of all collectors (the agent's five: avx512, perf, cgroup_stats, iostat,
+  runqlat) with 10, 100 and 1000 real cgroups, each holding a `sleep`,
 - perf_fds: perf event fds opened by the PMU collector, at each container count,
 - rss_bytes: resident memory of this process after the run; memory: its RSS, PSS and anonymous
   bytes (smaps_rollup),
@@ -39,12 +40,14 @@ import bpf
 from agent.bench.scrape import measure_scrape, memory
 from agent.bench.start import measure_start
 from collectors import perf
+from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
 from collectors.avx512 import Avx512Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import Avx512Config, PerfConfig, RunqlatConfig
+from collectors.iostat import IoStatCollector
 from collectors.runqlat import RunqlatCollector
 from perfbalance.errors import FeatureUnavailable
 from perfbalance.host import HostPaths
@@ -53,6 +56,7 @@ from perfbalance.model import Container
 SIZES = (10, 100, 1000)
 QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
+CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "io")  # what the collectors read (those mounted)
 
 def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
     """Report name -> tracepoint of one BPF program's probes ("runqlat_sched_wakeup" where a
@@ -116,11 +120,13 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
 
 
 def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
+    keys = KeyMaps(fs, procfs=host.procfs)  # as the agent builds them (agent/snapshot/collectors.py)
     cols: list[Any] = [
-        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
-        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
+        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs, keymaps=keys),
+        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs, keymaps=keys),
         CgroupStatsCollector(cgroupfs=fs),
-        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs),
+        IoStatCollector(cgroupfs=fs),
+        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs, keymaps=keys),
     ]
     for c in cols:
         c.start()
@@ -315,17 +321,20 @@ def stats_enabled(procfs: str) -> Iterator[None]:
 
 
 def cycle_cost(collectors: Sequence[Any], containers: Sequence[Container], cycles: int = 3) -> tuple[float, dict[str, float]]:
-    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state)."""
+    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state); every
+    collector of a cycle gets the same time, as in the agent's loop."""
     up = [c for c in collectors if c.status().up]
+    now = time.time()
     for c in up:
-        c.collect(containers, time.time())
+        c.collect(containers, now)
     samples: list[float] = []
     by: dict[str, list[float]] = {c.name: [] for c in up}
     for _ in range(cycles):
         total = 0.0
+        now = time.time()
         for c in up:
             t0 = time.thread_time()
-            c.collect(containers, time.time())
+            c.collect(containers, now)
             dt = time.thread_time() - t0
             by[c.name].append(dt)
             total += dt
@@ -347,15 +356,16 @@ def _events_note(collectors: Sequence[Any]) -> list[str]:
 
 @contextmanager
 def sleeping_cgroups(fs: Cgroupfs, n: int) -> Iterator[list[Container]]:
-    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup)."""
+    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup), in
+    every hierarchy a container has one in (CONTROLLERS and the unified one)."""
     parent = f"{PREFIX}-{os.getpid()}-{n}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fs.create(parent, ("cpuset", "cpu", "cpuacct", "memory"))
+        fs.create(parent, CONTROLLERS)
         containers = []
         for i in range(n):
             rel = f"{parent}/c{i}"
-            fs.create(rel, ("cpuset", "cpu", "cpuacct", "memory"))
+            fs.create(rel, CONTROLLERS)
             procs.append(subprocess.Popen(["sleep", "3600"], preexec_fn=_attach(fs, rel)))
             containers.append(Container(id=f"c{i}", name=f"c{i}", cgroup=rel))
         yield containers

@@ -278,3 +278,21 @@ def test_auto_mode_without_bpf_falls_back_to_per_cgroup_events(no_headers_host: 
 def test_off_mode_is_down_and_says_why(host: HostPaths) -> None:
     st = perf.make_collector(config=PerfConfig(mode="off"), host=host, cgroupfs=None).start()
     assert not st.up and "off" in st.reason
+
+
+def test_idle_containers_metrics_are_the_full_computation_s_and_reused_while_idle() -> None:
+    col = perf.BpfPerfCollector(config=PerfConfig(), host=HostPaths(), cgroupfs=None)
+    col.events = (ev.KNOWN["task_clock"], ev.KNOWN["context_switches"])
+    zero = perf.Raw(counter=(0, 0), enabled=(0, 0), running=(0, 0))
+    moved = perf.Raw(counter=(1_000_000, 3), enabled=(10, 10), running=(5, 10))
+    a, b = Container(id="a", cgroup="a"), Container(id="b", cgroup="b")
+    totals: dict[str, dict[str, float]] = {}
+    got = []
+    for window, raws in [(0.0, {"a": moved}), (1.0, {"b": moved}), (2.0, {}), (1.5, {"a": moved})]:
+        got.append(col._metrics([a, b], raws, window))
+        for c in ("a", "b"):  # what every container's metrics were before idle ones were reused
+            counts = perf.window_counts(col.events, raws.get(c, zero))
+            totals[c] = perf.accumulate(totals.get(c, {}), counts)
+            assert got[-1][c] == perf.derive(col.events, counts, totals[c], window), (window, c)
+    assert got[2]["a"] is got[1]["a"]  # idle twice: the same metrics
+    assert got[3]["a"] != got[2]["a"] and got[3]["a"]["task_clock_seconds_per_second"] > 0  # control: it ran
