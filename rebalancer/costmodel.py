@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
 from rebalancer.sharing import fill_order, water_fill
-from rebalancer import smt
+from rebalancer.smt import lost as smt_lost
 from rebalancer.affinity import Pair
 from rebalancer.affinity import cost as affinity_cost
 from rebalancer.topoindex import TopoIndex
@@ -222,7 +222,7 @@ class CostModel:
             parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
             parts["cpu"] += un
         if self.smt_on:
-            parts["smt"] = smt.lost(loads, self.idx, self.cfg.smt_speed)
+            parts["smt"] = smt_lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
         return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)
