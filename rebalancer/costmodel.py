@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import mul
 
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
@@ -226,35 +228,38 @@ class CostModel:
                      contribs: list[dict[int, float]]) -> tuple[dict[frozenset[int], float], dict[frozenset[int], float]]:
         avx_t: dict[int, float] = {}
         unserved: dict[frozenset[int], float] = {}
+        groups = layout.groups
         for k, contrib in zip(keys, contribs):
-            g = layout.groups[k]
+            g = groups[k]
             unserved[k] = max(0.0, g.u - sum(contrib.values()))
             if g.au > 0 and g.u > 0:
-                share = g.au / g.u
-                for cpu, x in contrib.items():
-                    avx_t[cpu] = avx_t.get(cpu, 0.0) + x * share
+                _add_scaled(avx_t, contrib, g.au / g.u)
         if not avx_t or self.loss <= 0:
             return {}, unserved
-        p_core = self._license_probability(avx_t)
-        core_of = self.idx.core_of
+        p_get = self._license_probability(avx_t).get
         out: dict[frozenset[int], float] = {}
         for k, contrib in zip(keys, contribs):
-            g = layout.groups[k]
+            g = groups[k]
             if g.u <= g.au:
                 continue
             scalar_share = (g.u - g.au) / g.u
-            lost = sum(x * p_core.get(core_of[cpu], 0.0) for cpu, x in contrib.items())
+            # sum of x * P(license on the CPU's core), in contrib order (map: no Python loop)
+            lost = sum(map(mul, contrib.values(), map(p_get, contrib, repeat(0.0))))
             if lost > 0:
                 out[k] = lost * scalar_share * self.loss
         return out, unserved
 
-    def _license_probability(self, avx_t: Mapping[int, float]) -> dict[tuple[int, int, int], float]:
-        """P(core holds a license) = 1 - prod over its threads of (1 - AVX busy fraction)."""
+    def _license_probability(self, avx_t: Mapping[int, float]) -> dict[int, float]:
+        """Per CPU, P(its core holds a license) = 1 - prod over the core's threads of (1 - AVX
+        busy fraction); CPUs of cores without AVX-512 time are absent (0)."""
         free: dict[tuple[int, int, int], float] = {}
+        core_of = self.idx.core_of
+        get = free.get
         for cpu, a in avx_t.items():
-            key = self.idx.core_of[cpu]
-            free[key] = free.get(key, 1.0) * (1.0 - min(1.0, a))
-        return {k: 1.0 - f for k, f in free.items()}
+            key = core_of[cpu]
+            free[key] = get(key, 1.0) * (1.0 - (a if a < 1.0 else 1.0))
+        cores = self.idx.cores
+        return {cpu: 1.0 - f for key, f in free.items() for cpu in cores[key]}
 
     def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         used: dict[int, float] = {}
@@ -321,6 +326,17 @@ class CostModel:
         avx_rate, bw_rate, un_rate = ev.rates.get(layout.placement[cid], (0.0, 0.0, 0.0))
         loss = 0.0 if v.heavy else avx_rate * v.usage
         return loss + bw_rate * v.misses + un_rate * v.usage + ev.stalls.get(cid, 0.0)
+
+
+def _add_scaled(into: dict[int, float], contrib: Mapping[int, float], share: float) -> None:
+    """into[cpu] += x * share for every (cpu, x) of `contrib` (a CPU not yet in `into` gets
+    x * share itself, as 0.0 + y == y); one dict update when none is there yet."""
+    if into.keys().isdisjoint(contrib):
+        into.update(zip(contrib, map(mul, contrib.values(), repeat(share))))
+        return
+    get = into.get
+    for cpu, x in contrib.items():
+        into[cpu] = get(cpu, 0.0) + x * share
 
 
 def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,

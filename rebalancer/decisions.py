@@ -127,9 +127,10 @@ def _avx_islands(ctx: Context, layout: Layout, scalar: frozenset[int],
         if not ctx.views[cid].exclusive and ctx.idx.whole_cores(cpus) & scalar:
             cohorts.setdefault(cpus, []).append(cid)
     out: list[Decision] = []
+    evictions: dict[frozenset[int], Evictions | None] = {}  # by target: cohorts share targets
     for _, cohort in sorted(cohorts.items(), key=lambda kv: kv[1][0])[:MAX_PER_KIND]:
         for target, members in _island_targets(ctx, layout, cohort, island):
-            d = _with_evictions(ctx, layout, members, target, cohort[0])
+            d = _with_evictions(ctx, layout, members, target, cohort[0], evictions)
             if d is not None:
                 out.append(d)
     return out
@@ -167,11 +168,34 @@ def _prefer_nodes(ctx: Context, cpus: frozenset[int]) -> list[int]:
     return list(hit)  # type: ignore[call-overload]
 
 
+# the scalar containers that leave an island's target, with their new CPUs, and which of them
+# got theirs from the allocator
+Evictions = tuple[dict[str, frozenset[int]], frozenset[str]]
+
+
 def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: frozenset[int],
-                    primary: str) -> Decision | None:
+                    primary: str, memo: dict[frozenset[int], Evictions | None]) -> Decision | None:
     # targets are interned (TopoIndex.intern): later memo lookups then compare by identity
     target = ctx.idx.intern(target)
+    if target not in memo:
+        memo[target] = _evictions(ctx, layout, target)
+    ev = memo[target]
+    if ev is None:
+        return None
     cpus = {cid: target for cid in members if layout.placement[cid] != target}
+    cpus.update(ev[0])  # evictions are scalar, members heavy: no key in both
+    if not cpus:
+        return None
+    n = len(members)
+    reason = (f"AVX-512 island: {primary}" + (f" and {n - 1} more AVX-512-heavy" if n > 1 else "")
+              + f" to whole cores {_fmt(target)}, away from scalar work")
+    return Decision(kind="avx512_island", primary=primary, reason=reason, cpus=cpus,
+                    allocated=ev[1], island=frozenset(members))
+
+
+def _evictions(ctx: Context, layout: Layout, target: frozenset[int]) -> Evictions | None:
+    """Where each scalar container on `target` goes (None: one of them fits nowhere)."""
+    cpus: dict[str, frozenset[int]] = {}
     allocated: set[str] = set()
     for here in sorted((k for k in layout.groups if k & target), key=sorted):
         rest = ctx.idx.intern((here & ctx.free) - target)
@@ -190,13 +214,7 @@ def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: fr
                 allocated.add(cid)
             else:
                 cpus[cid] = rest
-    if not cpus:
-        return None
-    n = len(members)
-    reason = (f"AVX-512 island: {primary}" + (f" and {n - 1} more AVX-512-heavy" if n > 1 else "")
-              + f" to whole cores {_fmt(target)}, away from scalar work")
-    return Decision(kind="avx512_island", primary=primary, reason=reason, cpus=cpus,
-                    allocated=frozenset(allocated), island=frozenset(members))
+    return cpus, frozenset(allocated)
 
 
 def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
