@@ -74,16 +74,19 @@ class Layout:
             new_classes = dict(new_classes)
             new_classes.update(classes)
         groups = dict(self.groups)
-        touched = set(cpus) | set(classes or {})
-        leaving: dict[frozenset[int], set[str]] = {}
-        joining: dict[frozenset[int], set[str]] = {}
+        touched = set(cpus)
+        if classes:
+            touched.update(classes)
+        old_place = self.placement
+        leaving = dict.fromkeys(old_place[cid] for cid in touched)
+        joining: dict[frozenset[int], list[str]] = {}
         for cid in touched:
-            leaving.setdefault(self.placement[cid], set()).add(cid)
-            joining.setdefault(placement[cid], set()).add(cid)
+            joining.setdefault(placement[cid], []).append(cid)
         for k in leaving.keys() | joining.keys():
-            old = groups[k].members if k in groups else []
-            gone = leaving.get(k)
-            ids = [m for m in old if m not in gone] if gone else list(old)
+            g = groups.get(k)
+            old = g.members if g is not None else []
+            # a member of k that is touched leaves k (and joins again if its target is k)
+            ids = [m for m in old if m not in touched] if k in leaving else list(old)
             ids += joining.get(k, ())
             if ids:
                 groups[k] = model.build_group(ids, new_classes)
@@ -155,10 +158,17 @@ class CostModel:
     def _sum_group(self, members: tuple[str, ...], classes: Mapping[str, str]) -> Group:
         # one pass over precomputed per-container tuples, in member order (the same additions,
         # in the same order, as summing the views' fields one by one)
-        u = au = m = mr = b = 0.0
-        req = 0
         agg = self.aggressor_class
         inputs = self._inputs
+        if not agg or not any(classes.get(cid) == agg for cid in members):
+            # no member restricted: each field is a plain sum in member order (sum() adds
+            # floats one by one from 0, exactly as the loop below does), all of it in C
+            if not members:
+                return Group(members=[])
+            u, au, m, b, req = map(sum, zip(*map(inputs.__getitem__, members)))
+            return Group(members=list(members), u=u, au=au, m=m, mr=0.0, b=b, req=req)
+        u = au = m = mr = b = 0.0
+        req = 0
         for cid in members:
             vu, vau, vm, vb, vreq = inputs[cid]
             restricted = bool(agg) and classes.get(cid) == agg
@@ -359,21 +369,29 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
     """`move_cost` of every container in `targets` (in its order); a decision moves hundreds of
     containers from a few cpusets to a few targets, so the fractions are looked up once per pair."""
     out: dict[str, tuple[float, float, float]] = {}
-    cold_of: dict[tuple[int, int], float] = {}
+    # (from, to, the container's memory nodes) -> (cold L3 fraction, moved memory fraction), or
+    # None when from == to; the CPU sets are shared objects, so the key compares by identity
+    fractions: dict[tuple[frozenset[int], frozenset[int], frozenset[int]], tuple[float, float] | None] = {}
     refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
     disruption = config.disruption_core_seconds
+    zero = (0.0, 0.0, 0.0)
     for cid, to in targets.items():
         frm = placement[cid]
-        if frm is to or frm == to:
-            out[cid] = (0.0, 0.0, 0.0)
+        if frm is to:
+            out[cid] = zero
             continue
-        pair = (id(frm), id(to))  # both alive in `placement` and `targets` meanwhile
-        cold = cold_of.get(pair)
-        if cold is None:
-            cold = cold_of[pair] = _cold_fraction(idx, frm, to)
         v = views[cid]
-        moved = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to) if v.memory_bytes else 0.0
-        out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
+        key = (frm, to, v.mems)
+        if key in fractions:
+            f = fractions[key]
+        else:
+            f = fractions[key] = None if frm == to else (
+                _cold_fraction(idx, frm, to), _moved_fraction(idx, v.mems or idx.nodes_of(frm), to))
+        if f is None:
+            out[cid] = zero
+            continue
+        # a container without resident memory migrates nothing (0 * fraction == 0.0)
+        out[cid] = ((v.occupancy or 0.0) * f[0] / refill_bw, v.memory_bytes * f[1] / migration_bw,
                     disruption)
     return out
 
