@@ -129,9 +129,10 @@ def target_of(c: Container, selectors: Mapping[str, float], *,
             return parse_duration(text), ""
         except ValueError as e:
             return None, f"{c.id}: annotation {TARGET_ANNOTATION}: {e}"
-    name = ident(c)
-    for sel in sorted(selectors, key=lambda s: (-len(s), s)):
-        if sel == c.id or fnmatchcase(name, sel):
-            return selectors[sel], ""
+    if selectors:  # most nodes configure none: no name to build for each container
+        name = ident(c)
+        for sel in sorted(selectors, key=lambda s: (-len(s), s)):
+            if sel == c.id or fnmatchcase(name, sel):
+                return selectors[sel], ""
     flag = c.annotations.get(SENSITIVE_ANNOTATION, "").strip().lower() in ("true", "1", "yes")
     return (default if flag else None), ""
