@@ -376,29 +376,34 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
     """`move_cost` of every container in `targets` (in its order); a decision moves hundreds of
     containers from a few cpusets to a few targets, so the fractions are looked up once per pair."""
     out: dict[str, tuple[float, float, float]] = {}
-    # (from, to, the container's memory nodes) -> (cold L3 fraction, moved memory fraction), or
-    # None when from == to; the CPU sets are shared objects, so the key compares by identity
-    fractions: dict[tuple[frozenset[int], frozenset[int], frozenset[int]], tuple[float, float] | None] = {}
+    # per (from, to) pair: None when from == to, else (cold L3 fraction, moved memory fraction by
+    # the container's memory nodes); consecutive containers mostly share the pair's objects
+    pairs: dict[tuple[frozenset[int], frozenset[int]], tuple[float, dict[frozenset[int], float]] | None] = {}
     refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
     disruption = config.disruption_core_seconds
     zero = (0.0, 0.0, 0.0)
+    last_frm = last_to = pair = None
     for cid, to in targets.items():
         frm = placement[cid]
         if frm is to:
             out[cid] = zero
             continue
-        v = views[cid]
-        key = (frm, to, v.mems)
-        if key in fractions:
-            f = fractions[key]
-        else:
-            f = fractions[key] = None if frm == to else (
-                _cold_fraction(idx, frm, to), _moved_fraction(idx, v.mems or idx.nodes_of(frm), to))
-        if f is None:
+        if frm is not last_frm or to is not last_to:
+            last_frm, last_to = frm, to
+            key = (frm, to)
+            if key not in pairs:
+                pairs[key] = None if frm == to else (_cold_fraction(idx, frm, to), {})
+            pair = pairs[key]
+        if pair is None:
             out[cid] = zero
             continue
+        v = views[cid]
+        cold, moved_of = pair
+        moved = moved_of.get(v.mems)
+        if moved is None:
+            moved = moved_of[v.mems] = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to)
         # a container without resident memory migrates nothing (0 * fraction == 0.0)
-        out[cid] = ((v.occupancy or 0.0) * f[0] / refill_bw, v.memory_bytes * f[1] / migration_bw,
+        out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
                     disruption)
     return out
 

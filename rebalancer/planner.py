@@ -32,7 +32,7 @@ from rebalancer.health import measure, noise, push
 from rebalancer.hintnotes import hint_notes
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
-from rebalancer.state import Moved, Pending, PlannerState, frozen_map
+from rebalancer.state import Moved, Pending, PlannerState, built, frozen_map
 from rebalancer.vm import layout_move_problem
 
 MAX_CONSIDERED = 64
@@ -252,8 +252,9 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     if ctx.victims:
         detail_common["saved_latency"] = s.saved_latency
     out: list[Action] = []
+    fmt = _Formats(ctx)
     for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
-        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims))
+        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims, fmt))
     for cid, cls in sorted(d.classes.items()):
         out.append(Action(kind="rdt_class", container=cid, frm=ctx.base.classes[cid], to=cls,
                           decision=decision_id(seq), reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
@@ -262,8 +263,30 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     return out
 
 
+class _Formats:
+    """Kernel list forms of one decision's cpusets and their memory nodes, by cpuset object
+    (a decision moves hundreds of containers between a few cpusets)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.idx = ctx.idx
+        self.cpus: dict[frozenset[int], str] = {}
+        self.mems: dict[frozenset[int], str] = {}
+
+    def of(self, cpus: frozenset[int]) -> str:
+        got = self.cpus.get(cpus)
+        if got is None:
+            got = self.cpus[cpus] = self.idx.fmt(cpus)
+        return got
+
+    def mems_of(self, cpus: frozenset[int]) -> str:
+        got = self.mems.get(cpus)
+        if got is None:
+            got = self.mems[cpus] = self.idx.fmt(self.idx.nodes_of(cpus))
+        return got
+
+
 def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[str, float],
-                   victims: tuple[str, ...]) -> Action:
+                   victims: tuple[str, ...], fmt: _Formats) -> Action:
     d = s.decision
     refill, migration, disruption = s.costs[cid]
     primary = cid == d.primary
@@ -277,19 +300,22 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
     if cid in d.allocated:
         detail["allocated"] = 1.0
     cpus = d.cpus[cid]
-    return Action(kind="cpuset", container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
-                  mems=ctx.idx.fmt(ctx.idx.nodes_of(cpus)), decision=decision_id(seq), reason=reason,
-                  benefit=s.benefit if primary else 0.0,
-                  cost=(refill + migration + disruption) / ctx.config.amortize_seconds,
-                  victims=victims if primary else (), detail=detail)
+    return built(Action, {  # Action(...) with every field, in field order
+        "kind": "cpuset", "container": cid, "frm": fmt.of(ctx.base.placement[cid]), "to": fmt.of(cpus),
+        "reason": reason, "benefit": s.benefit if primary else 0.0,
+        "cost": (refill + migration + disruption) / ctx.config.amortize_seconds,
+        "victims": victims if primary else (), "mems": fmt.mems_of(cpus), "undoes": "",
+        "decision": decision_id(seq), "detail": detail})
 
 
 def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
              after: Mapping[str, float]) -> Pending:
     d = s.decision
-    moves = [Moved(container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
-                   mems_frm=ctx.idx.fmt(ctx.views[cid].mems or ctx.idx.nodes_of(ctx.base.placement[cid])),
-                   mems_to=ctx.idx.fmt(ctx.idx.nodes_of(cpus)))
+    fmt = _Formats(ctx)
+    moves = [built(Moved, {"container": cid, "frm": fmt.of(ctx.base.placement[cid]), "to": fmt.of(cpus),
+                           "mems_frm": (ctx.idx.fmt(ctx.views[cid].mems) if ctx.views[cid].mems
+                                        else fmt.mems_of(ctx.base.placement[cid])),
+                           "mems_to": fmt.mems_of(cpus), "kind": "cpuset"})
              for cid, cpus in sorted(d.cpus.items())]
     moves += [Moved(container=cid, frm=ctx.base.classes[cid], to=cls, kind="rdt_class")
               for cid, cls in sorted(d.classes.items())]
