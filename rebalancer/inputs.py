@@ -96,13 +96,12 @@ def view(sample: ContainerSample, m: Mapping[str, float], config: RebalancerConf
     misses = max(0.0, m.get("llc_misses_per_second", 0.0))
     bandwidth = m.get("memory_bandwidth_bytes_per_second", 0.0)  # measured or estimated when the snapshot was built
     ips = m.get("instructions_per_second")
-    return View(
-        id=c.id, usage=usage, request_mcpu=max(0, c.request_mcpu),
-        heavy=avx512_heavy(m, config.avx512_heavy_threshold),
-        misses=misses, mpki=max(0.0, m.get("llc_mpki", 0.0)),
-        occupancy=m.get("llc_occupancy_bytes"), bandwidth=max(0.0, bandwidth),
-        memory_bytes=int(max(c.memory_bytes, m.get("memory_bytes", 0.0))),
-        ips_per_core=ips / usage if ips is not None and usage > 0.01 else None,
-        exclusive=c.exclusive, rdt_class=c.rdt_class,
-        cpuset=c.cpuset.ids, mems=c.mems.ids, sandbox_pod=sandbox_pod,
-    )
+    # View._make: the fields in order, without binding 15 keyword arguments (1000s per cycle)
+    return View._make((
+        c.id, usage, max(0, c.request_mcpu),
+        avx512_heavy(m, config.avx512_heavy_threshold),
+        misses, max(0.0, m.get("llc_mpki", 0.0)), m.get("llc_occupancy_bytes"), max(0.0, bandwidth),
+        int(max(c.memory_bytes, m.get("memory_bytes", 0.0))),
+        ips / usage if ips is not None and usage > 0.01 else None,
+        c.exclusive, c.rdt_class, c.cpuset.ids, c.mems.ids, sandbox_pod,
+    ))

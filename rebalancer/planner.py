@@ -130,15 +130,9 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
                 masks: Mapping[str, frozenset[int]]) -> str:
     """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
     NUMA nodes, demand fits. `masks`: every VM pod's mask in `layout` (before `d`)."""
-    inside: dict[int, bool] = {}  # by target object: many containers share one target
-    for cid, cpus in sorted(d.cpus.items()):
-        ok = inside.get(id(cpus))
-        if ok is None:
-            ok = inside[id(cpus)] = bool(cpus) and cpus <= ctx.free
-        if not ok:
-            return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
-        if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
-            return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
+    why = _target_constraint(ctx, d)
+    if why:
+        return why
     why = _sandbox_constraint(ctx, layout, d)
     if why:
         return why
@@ -157,10 +151,30 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
     return ""
 
 
+def _target_constraint(ctx: Context, d: Decision) -> str:
+    """The first container (by id) whose target is outside the shareable CPUs, or allocated
+    across NUMA nodes needlessly. A decision moves hundreds of containers to a few targets:
+    when every target is inside, only the allocated containers need a look."""
+    targets = {id(c): c for c in d.cpus.values()}.values()
+    if all(cpus and cpus <= ctx.free for cpus in targets):
+        ids = sorted(d.allocated & d.cpus.keys())
+    else:
+        ids = sorted(d.cpus)
+    for cid in ids:
+        cpus = d.cpus[cid]
+        if not (cpus and cpus <= ctx.free):
+            return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
+        if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
+            return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
+    return ""
+
+
 def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     """A VM pod's movable containers move together to one target, each workload keeping its
     number of CPUs on every host NUMA node (the guest NUMA layout the VM booted with; Kata's pod
     sandbox container holding the VMM runs no vCPU and is not held to it)."""
+    if not ctx.sandbox_of:  # no VM pod on the node: nothing to hold together
+        return ""
     for cid in sorted(d.cpus):
         sb = ctx.sandbox_of.get(cid)
         if sb is None:
