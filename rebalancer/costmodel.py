@@ -120,6 +120,8 @@ class CostModel:
                            (len(idx.l3s) > 1 or aggressor_class))
         self.bw_on = any(v.bandwidth > 0 for v in views.values())
         self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
+        self._node_items_of: dict[frozenset[int], tuple[tuple[int, float], ...]] = {}
+        self._node_items_seen: dict[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]] = {}
         self._k0: dict[str, float] = {}
         self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], Group] = {}
@@ -283,18 +285,39 @@ class CostModel:
 
     def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         used: dict[int, float] = {}
+        groups = layout.groups
+        node_items = self._node_items
         for k in keys:
-            g = layout.groups[k]
-            if g.b > 0:
-                for n, f in self.frac("node", k).items():
-                    used[n] = used.get(n, 0.0) + g.b * f
+            b = groups[k].b
+            if b > 0:
+                for n, f in node_items(k):
+                    used[n] = used.get(n, 0.0) + b * f
         cfg = self.cfg
         per_miss = {n: cfg.memory_latency_seconds / cfg.memory_parallelism *
                     (loaded_latency_factor(b / cfg.bandwidth_of(n), cfg.bandwidth_knee_low,
                                            cfg.bandwidth_knee_high) - 1.0)
                     for n, b in used.items()}
-        return {k: sum(f * per_miss.get(n, 0.0) for n, f in self.frac("node", k).items())
-                for k in keys}
+        # the rate depends only on the group's NUMA fractions (interned: few distinct ones)
+        rate_of: dict[tuple[tuple[int, float], ...], float] = {}
+        out: dict[frozenset[int], float] = {}
+        for k in keys:
+            items = node_items(k)
+            r = rate_of.get(items)
+            if r is None:
+                r = 0  # as sum() over the fractions: 0 + x == x, then one by one
+                for n, f in items:
+                    r += f * per_miss.get(n, 0.0)
+                rate_of[items] = r
+            out[k] = r
+        return out
+
+    def _node_items(self, cpus: frozenset[int]) -> tuple[tuple[int, float], ...]:
+        """frac("node", cpus) as (node, fraction) pairs, one shared tuple per distinct value."""
+        hit = self._node_items_of.get(cpus)
+        if hit is None:
+            items = tuple(self.frac("node", cpus).items())
+            hit = self._node_items_of[cpus] = self._node_items_seen.setdefault(items, items)
+        return hit
 
     def _cache_shares(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         """Q(group) = sum_d f_d (x_d)^-a: the miss multiplier of a member, up to a constant.

@@ -82,7 +82,7 @@ def _hinted(s: ContainerSample, prev: Mapping[str, float] | None, keys: HintKeys
     """The metrics with an AVX-512 annotation applied: a container annotated heavy counts as fully
     heavy in its first window (no measurement yet to smooth), and whenever no AVX-512 signal is
     measured at all; otherwise the measurement is smoothed from there and takes over."""
-    if keys is None or avx512_hint(s.container, keys) is not True:
+    if keys is None or not s.container.annotations or avx512_hint(s.container, keys) is not True:
         return s.metrics
     if prev is None or "avx512_heavy" not in s.metrics:
         return {**s.metrics, "avx512_heavy": 1.0}
