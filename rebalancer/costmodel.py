@@ -158,29 +158,10 @@ class CostModel:
         return hit
 
     def _sum_group(self, members: tuple[str, ...], classes: Mapping[str, str]) -> Group:
-        # one pass over precomputed per-container tuples, in member order (the same additions,
-        # in the same order, as summing the views' fields one by one)
         agg = self.aggressor_class
-        inputs = self._inputs
-        if not agg or not any(classes.get(cid) == agg for cid in members):
-            # no member restricted: each field is a plain sum in member order (sum() adds
-            # floats one by one from 0, exactly as the loop below does), all of it in C
-            if not members:
-                return Group(members=[])
-            u, au, m, b, req = map(sum, zip(*map(inputs.__getitem__, members)))
-            return Group(members=list(members), u=u, au=au, m=m, mr=0.0, b=b, req=req)
-        u = au = m = mr = b = 0.0
-        req = 0
-        for cid in members:
-            vu, vau, vm, vb, vreq = inputs[cid]
-            restricted = bool(agg) and classes.get(cid) == agg
-            u += vu
-            au += vau
-            mr += vm if restricted else 0.0
-            m += 0.0 if restricted else vm
-            b += vb
-            req += vreq
-        return Group(members=list(members), u=u, au=au, m=m, mr=mr, b=b, req=req)
+        if agg and any(classes.get(cid) == agg for cid in members):
+            return sum_each(self._inputs, members, frozenset(c for c in members if classes.get(c) == agg))
+        return sum_plain(self._inputs, members)
 
     def set_baseline(self, layout: Layout) -> None:
         """Record each LLC victim's modelled cache share in the measured placement (C0)."""
@@ -266,22 +247,9 @@ class CostModel:
         busy fraction); CPUs of cores without AVX-512 time are absent (0)."""
         free_of = {cpu: 1.0 - (a if a < 1.0 else 1.0) for cpu, a in avx_t.items()}  # 1 - min(1, a)
         sibling = self.idx.sibling_of()
-        out: dict[int, float] = {}
         if sibling is not None:
-            # two threads per core: the product of the two factors (1.0 for a thread without
-            # AVX-512 time) is the same in either order, so each thread gives its core's value
-            get = free_of.get
-            for cpu, f in free_of.items():
-                s = sibling[cpu]
-                out[s] = out[cpu] = 1.0 - f * get(s, 1.0)
-            return out
-        free: dict[tuple[int, int, int], float] = {}
-        core_of = self.idx.core_of
-        for cpu, f in free_of.items():
-            key = core_of[cpu]
-            free[key] = free.get(key, 1.0) * f
-        cores = self.idx.cores
-        return {cpu: 1.0 - f for key, f in free.items() for cpu in cores[key]}
+            return licence_by_pairs(sibling, free_of)
+        return licence_by_core(self.idx.core_of, self.idx.cores, free_of)
 
     def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         used: dict[int, float] = {}
@@ -369,6 +337,56 @@ class CostModel:
         avx_rate, bw_rate, un_rate = ev.rates.get(layout.placement[cid], (0.0, 0.0, 0.0))
         loss = 0.0 if v.heavy else avx_rate * v.usage
         return loss + bw_rate * v.misses + un_rate * v.usage + ev.stalls.get(cid, 0.0)
+
+
+Inputs = Mapping[str, tuple[float, float, float, float, int]]  # usage, AVX usage, misses, bandwidth, requests
+
+
+def sum_plain(inputs: Inputs, members: tuple[str, ...]) -> Group:
+    """A group none of whose members is RDT-restricted: each field summed in member order.
+    sum() adds floats one by one from 0, as sum_each does, only in C."""
+    if not members:
+        return Group(members=[])
+    u, au, m, b, req = map(sum, zip(*map(inputs.__getitem__, members)))
+    return Group(members=list(members), u=u, au=au, m=m, mr=0.0, b=b, req=req)
+
+
+def sum_each(inputs: Inputs, members: tuple[str, ...], restricted: frozenset[str]) -> Group:
+    """A group's sums member by member, the misses of `restricted` ones apart (mr)."""
+    u = au = m = mr = b = 0.0
+    req = 0
+    for cid in members:
+        vu, vau, vm, vb, vreq = inputs[cid]
+        r = cid in restricted
+        u += vu
+        au += vau
+        mr += vm if r else 0.0
+        m += 0.0 if r else vm
+        b += vb
+        req += vreq
+    return Group(members=list(members), u=u, au=au, m=m, mr=mr, b=b, req=req)
+
+
+def licence_by_core(core_of: Mapping[int, tuple[int, int, int]], cores: Mapping[tuple[int, int, int], frozenset[int]],
+                    free_of: Mapping[int, float]) -> dict[int, float]:
+    """Per CPU of a core with AVX-512 time: 1 - the product of its threads' `free_of` (1 - busy)."""
+    free: dict[tuple[int, int, int], float] = {}
+    for cpu, f in free_of.items():
+        key = core_of[cpu]
+        free[key] = free.get(key, 1.0) * f
+    return {cpu: 1.0 - f for key, f in free.items() for cpu in cores[key]}
+
+
+def licence_by_pairs(sibling: Mapping[int, int], free_of: Mapping[int, float]) -> dict[int, float]:
+    """licence_by_core where every core has two threads: the product of the two factors (1.0
+    for a thread without AVX-512 time) is the same in either order, so each thread gives its
+    core's value without grouping by core."""
+    out: dict[int, float] = {}
+    get = free_of.get
+    for cpu, f in free_of.items():
+        s = sibling[cpu]
+        out[s] = out[cpu] = 1.0 - f * get(s, 1.0)
+    return out
 
 
 def _add_scaled(into: dict[int, float], contrib: Mapping[int, float], share: float) -> None:
