@@ -43,6 +43,8 @@ class Context:
     problems: tuple[str, ...] = ()  # bad latency annotations, one line each
     targets: Mapping[str, float] = field(default_factory=dict)  # container -> run-queue p99 target, s
     base_load: float = 0.05  # b of the run-queue wait model (see unseen_load)
+    # values derived from this context alone, remembered for the call (e.g. need_cpus per ids)
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -107,6 +109,13 @@ class Context:
         sandbox moved alone keeps the size of its floating vCPUs' mask (its guest was built for
         that many CPUs; Kata's pod sandbox container holding the VMM does not widen it).
         """
+        key = ("need", *ids)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._need_cpus(ids)
+        return hit  # type: ignore[return-value]
+
+    def _need_cpus(self, ids: list[str]) -> int:
         cfg = self.config
         vms = {self.sandbox_of[c].pod: self.sandbox_of[c] for c in ids if c in self.sandbox_of}
         plain = [c for c in ids if c not in self.sandbox_of]

@@ -113,8 +113,8 @@ def _heavy(ctx: Context) -> tuple[str, ...]:
 def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[int]:
     """Whole free cores that only AVX-512-heavy containers use."""
     heavy_cpus: set[int] = set()
-    for cid in _heavy(ctx):
-        heavy_cpus |= layout.placement[cid]
+    for cpus in {id(p): p for p in map(layout.placement.__getitem__, _heavy(ctx))}.values():
+        heavy_cpus |= cpus  # each distinct cpuset object once (most heavy containers share one)
     clean = ctx.idx.full_cores_within(ctx.free - scalar)
     return clean & ctx.idx.whole_cores(frozenset(heavy_cpus))
 
@@ -122,9 +122,15 @@ def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[i
 def _avx_islands(ctx: Context, layout: Layout, scalar: frozenset[int],
                  island: frozenset[int]) -> list[Decision]:
     cohorts: dict[frozenset[int], list[str]] = {}
+    shares_cores: dict[int, bool] = {}  # by cpuset object: most heavy containers share one
     for cid in _heavy(ctx):
         cpus = layout.placement[cid]
-        if not ctx.views[cid].exclusive and ctx.idx.whole_cores(cpus) & scalar:
+        if ctx.views[cid].exclusive:
+            continue
+        near = shares_cores.get(id(cpus))
+        if near is None:
+            near = shares_cores[id(cpus)] = bool(ctx.idx.whole_cores(cpus) & scalar)
+        if near:
             cohorts.setdefault(cpus, []).append(cid)
     out: list[Decision] = []
     evictions: dict[frozenset[int], Evictions | None] = {}  # by target: cohorts share targets
