@@ -203,16 +203,20 @@ class CostModel:
         bw_rate = self._bandwidth_rates(layout, keys) if self.bw_on else {}
         stalls = self._llc_stalls(layout, keys) if self.llc_on else {}
         rates: dict[frozenset[int], tuple[float, float, float]] = {}
-        parts = {"avx512": 0.0, "llc": sum(stalls.values()), "bandwidth": 0.0, "cpu": 0.0}
+        avx_sum = bw_sum = cpu_sum = 0.0  # each part summed from 0.0 in fill order
+        groups, avx_of, bw_of, un_of = layout.groups, avx_core.get, bw_rate.get, unserved.get
         for k in keys:
-            g = layout.groups[k]
-            scalar = g.u - g.au
-            avx_rate = avx_core.get(k, 0.0) / scalar if scalar > 1e-12 else 0.0
-            un = unserved.get(k, 0.0)
-            rates[k] = (avx_rate, bw_rate.get(k, 0.0), un / g.u if g.u > 1e-12 else 0.0)
-            parts["avx512"] += avx_core.get(k, 0.0)
-            parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
-            parts["cpu"] += un
+            g = groups[k]
+            u = g.u
+            scalar = u - g.au
+            lost = avx_of(k, 0.0)
+            bw = bw_of(k, 0.0)
+            un = un_of(k, 0.0)
+            rates[k] = (lost / scalar if scalar > 1e-12 else 0.0, bw, un / u if u > 1e-12 else 0.0)
+            avx_sum += lost
+            bw_sum += bw * (g.m + g.mr)
+            cpu_sum += un
+        parts = {"avx512": avx_sum, "llc": sum(stalls.values()), "bandwidth": bw_sum, "cpu": cpu_sum}
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
         return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)
