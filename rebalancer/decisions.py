@@ -25,6 +25,7 @@ vCPUs); evicted VM pods get CPUs with the same count per NUMA node when the node
 from __future__ import annotations
 
 import heapq
+from itertools import islice
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -251,9 +252,17 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
 # -- LLC and bandwidth ----------------------------------------------------------------------------
 
 def _top(ctx: Context, ids: frozenset[str], key: str) -> list[str]:
-    movable = [c for c in ids if not ctx.views[c].exclusive]
     # nsmallest(n, ...) == sorted(...)[:n]; the key is a total order (ties broken by id)
-    return heapq.nsmallest(MAX_PER_KIND, movable, key=lambda c: (-getattr(ctx.views[c], key), c))
+    def rank(c: str) -> tuple[float, str]:
+        return (-getattr(ctx.views[c], key), c)
+    if len(ids) <= 4 * MAX_PER_KIND:
+        return heapq.nsmallest(MAX_PER_KIND, (c for c in ids if not ctx.views[c].exclusive), key=rank)
+    # many (every container of a hot node): the first of all movable containers in rank order,
+    # sorted once per call and key
+    order = ctx.memo.get(("rank", key))
+    if order is None:
+        order = ctx.memo[("rank", key)] = sorted((c for c, v in ctx.views.items() if not v.exclusive), key=rank)
+    return list(islice((c for c in order if c in ids), MAX_PER_KIND))  # type: ignore[attr-defined]
 
 
 def _llc(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:

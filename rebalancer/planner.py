@@ -234,9 +234,10 @@ def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float
     wait is judged after the move, see evaluate.py)."""
     ev0 = ctx.base_eval
     before, after = {}, {}
-    for cid in sorted(ctx.views):
-        b = ctx.model.container_loss(ev0, ctx.base, cid)
-        a = ctx.model.container_loss(s.evaluation, s.layout, cid)
+    ids = sorted(ctx.views)
+    losses = zip(ids, ctx.model.container_losses(ev0, ctx.base, ids),
+                 ctx.model.container_losses(s.evaluation, s.layout, ids))
+    for cid, b, a in losses:
         if b - a > 1e-6:
             before[cid], after[cid] = b, a
     for cid, (b, a) in _health_predictions(ctx, s).items():
