@@ -17,6 +17,7 @@ one pass over the CPUs, whatever the number of containers. Formulas: docs/cost-m
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import mul
@@ -86,13 +87,29 @@ class Layout:
             g = groups.get(k)
             old = g.members if g is not None else []
             # a member of k that is touched leaves k (and joins again if its target is k)
-            ids = [m for m in old if m not in touched] if k in leaving else list(old)
-            ids += joining.get(k, ())
+            ids = _without(old, touched) if k in leaving else list(old)
+            joined = joining.get(k)
+            if joined:
+                ids += joined
             if ids:
-                groups[k] = model.build_group(ids, new_classes)
+                # old members are sorted (build_group sorts): without joiners they still are
+                groups[k] = model.build_group(ids, new_classes, is_sorted=not joined)
             else:
                 groups.pop(k, None)
         return Layout(placement=placement, classes=new_classes, groups=groups)
+
+
+def _without(members: list[str], gone: set[str]) -> list[str]:
+    """Sorted `members` less `gone`: a few found by bisection (a pool of a thousand loses one
+    container per candidate), many by one pass."""
+    if len(gone) > 8:
+        return [m for m in members if m not in gone]
+    out = members
+    for cid in gone:
+        i = bisect_left(out, cid)
+        if i < len(out) and out[i] == cid:
+            out = out[:i] + out[i + 1:]
+    return out if out is not members else list(members)
 
 
 @dataclass(slots=True)
@@ -146,9 +163,10 @@ class CostModel:
         groups = {k: self.build_group(ids, classes) for k, ids in members.items()}
         return Layout(placement=dict(placement), classes=dict(classes), groups=groups)
 
-    def build_group(self, ids: Iterable[str], classes: Mapping[str, str]) -> Group:
-        """Sum the members' inputs in sorted order (so equal layouts score bit-identically)."""
-        members = tuple(sorted(ids))
+    def build_group(self, ids: Iterable[str], classes: Mapping[str, str], *, is_sorted: bool = False) -> Group:
+        """Sum the members' inputs in sorted order (so equal layouts score bit-identically).
+        `is_sorted`: `ids` already are."""
+        members = tuple(ids) if is_sorted else tuple(sorted(ids))
         restricted = tuple(c for c in members if classes.get(c) == self.aggressor_class) \
             if self.aggressor_class else ()
         key = (members, restricted)
