@@ -63,7 +63,7 @@ class Context:
         placement = _placement(views, idx)
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
-        unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
+        unmovable = _unmovable(views, state, config, now)
         health, victims, problems, targets = _victims(snapshot, config, smoothed, base, views)
         return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable,
                    sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
@@ -166,6 +166,17 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
         if is_victim(h, target, config.victim_health_threshold, load0=load0, cpus=len(base.placement[s.id])):
             victims[s.id] = Victim(id=s.id, health=h, target=target, load0=load0)
     return health, victims, tuple(problems), targets
+
+
+def _unmovable(views: Mapping[str, View], state: PlannerState, config: RebalancerConfig,
+               now: float) -> dict[str, str]:
+    """Container -> why it may not move now, in id order; without dwell times or cooldowns in
+    the state (a first plan, a quiet node) only the exclusive containers are looked at."""
+    if state.cooldown_until or state.moved_at:
+        ids: list[str] = sorted(views)
+    else:
+        ids = sorted(cid for cid, v in views.items() if v.exclusive)
+    return {cid: why for cid in ids if (why := _blocked(views[cid], state, config, now))}
 
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:

@@ -267,7 +267,7 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     if ctx.victims:
         detail_common["saved_latency"] = s.saved_latency
     out: list[Action] = []
-    fmt = _Formats(ctx)
+    fmt = _Formats(ctx, seq)
     for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
         out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims, fmt))
     for cid, cls in sorted(d.classes.items()):
@@ -282,8 +282,9 @@ class _Formats:
     """Kernel list forms of one decision's cpusets and their memory nodes, by cpuset object
     (a decision moves hundreds of containers between a few cpusets)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, seq: int) -> None:
         self.idx = ctx.idx
+        self.decision = decision_id(seq)
         self.cpus: dict[frozenset[int], str] = {}
         self.mems: dict[frozenset[int], str] = {}
 
@@ -320,13 +321,13 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
         "reason": reason, "benefit": s.benefit if primary else 0.0,
         "cost": (refill + migration + disruption) / ctx.config.amortize_seconds,
         "victims": victims if primary else (), "mems": fmt.mems_of(cpus), "undoes": "",
-        "decision": decision_id(seq), "detail": detail})
+        "decision": fmt.decision, "detail": detail})
 
 
 def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
              after: Mapping[str, float]) -> Pending:
     d = s.decision
-    fmt = _Formats(ctx)
+    fmt = _Formats(ctx, seq)
     moves = [built(Moved, {"container": cid, "frm": fmt.of(ctx.base.placement[cid]), "to": fmt.of(cpus),
                            "mems_frm": (ctx.idx.fmt(ctx.views[cid].mems) if ctx.views[cid].mems
                                         else fmt.mems_of(ctx.base.placement[cid])),
