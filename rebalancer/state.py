@@ -29,7 +29,8 @@ def built(cls: type[T], values: dict[str, Any]) -> T:
     """`cls(**values)` for a frozen dataclass without a `__post_init__`, given every field,
     without the generated `__init__` (which sets each field through `object.__setattr__`: a
     few µs for an Action, and one plan at 1000 containers makes 1000 Actions and Moveds).
-    `values` must name exactly the fields of `cls` (TypeError otherwise)."""
+    `values` must name exactly the fields of `cls` (TypeError otherwise) and is taken over by
+    the instance: the caller passes a fresh dict and keeps no reference to it."""
     names = _FIELDS.get(cls)
     if names is None:
         if hasattr(cls, "__post_init__"):
@@ -38,7 +39,7 @@ def built(cls: type[T], values: dict[str, Any]) -> T:
     if values.keys() != names:
         raise TypeError(f"{cls.__name__} fields {sorted(names ^ values.keys())} missing or unknown")
     obj = object.__new__(cls)
-    obj.__dict__.update(values)
+    object.__setattr__(obj, "__dict__", values)  # `values` becomes the instance's dict: no copy
     return obj
 
 
