@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfbalance.cpuset import CpuSet
@@ -36,6 +36,11 @@ from agent.bench.sim import GIB, MIB, Node, Workload, simulate, snapshot
 from rebalancer.topoindex import TopoIndex
 
 Planner = Callable[..., Any]  # plan(snapshot, rebalancer config, state, now) -> Plan
+# score(node, workloads, cpus, classes) -> (victim slowdown, throughput); `score` below is this
+# module's (agent.bench.sim), agent.bench.judge gives the independent simulator's
+Scorer = Callable[[Node, Sequence[Workload], Mapping[str, frozenset[int]], Mapping[str, str] | None],
+                  tuple[float, float]]
+Observer = Callable[..., Snapshot]  # snapshot(node, workloads, cpus, classes, *, time, pmu, noise, rng)
 
 INTERVAL = 10.0
 MAX_OPTIMUM_EVALS = 20_000
@@ -70,6 +75,10 @@ class Result:
     moves: int = 0
     pairs: tuple[PairOutcome, ...] = ()  # annotated pairs in the final placement
     hard_rises: int = 0  # cycles in which a hard anti-affinity pair came (back) together
+    judged: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # other scorers' (slowdown, throughput)
+    final: Mapping[str, frozenset[int]] = field(default_factory=dict)  # the placement at the end
+    final_classes: Mapping[str, str] = field(default_factory=dict)
+    final_live: tuple[Workload, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"victim_slowdown": round(self.victim_slowdown, 4),
@@ -95,21 +104,25 @@ def pool(node: Node) -> frozenset[int]:
     return frozenset(node.topology.online.ids - node.reserved.ids - node.kubelet.dedicated().ids)
 
 
-def run_none(sc: Scenario) -> Result:
-    return _run(sc, lambda w, cpus, live: cpus, None)
+def run_none(sc: Scenario, judges: Mapping[str, Scorer] | None = None) -> Result:
+    return _run(sc, lambda w, cpus, live: cpus, None, judges=judges)
 
 
-def run_placement_tag(sc: Scenario) -> Result:
+def run_placement_tag(sc: Scenario, judges: Mapping[str, Scorer] | None = None) -> Result:
     def place(w: Workload, cpus: frozenset[int], live: Mapping[str, frozenset[int]]) -> frozenset[int]:
         if w.exclusive:
             return cpus
         return _tag_pool(sc, w, live)
-    return _run(sc, place, None)
+    return _run(sc, place, None, judges=judges)
 
 
-def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None, *, planner: Planner = plan) -> Result:
-    """The closed loop with the cost model, or with `planner` (a policy: agent.plan.runner.planner)."""
-    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner, planner)
+def run_perfbalance(sc: Scenario, config: RebalancerConfig | None = None, *, planner: Planner = plan,
+                    judges: Mapping[str, Scorer] | None = None, observe: Observer | None = None) -> Result:
+    """The closed loop with the cost model, or with `planner` (a policy: agent.plan.runner.planner).
+    The planner sees this module's simulator, or the Snapshots `observe` makes; `judges` score
+    the same placements besides."""
+    return _run(sc, lambda w, cpus, live: cpus, config or sc.planner, planner, judges=judges,
+                observe=observe or snapshot)
 
 
 def _tag_pool(sc: Scenario, w: Workload, live: Mapping[str, frozenset[int]]) -> frozenset[int]:
@@ -132,7 +145,8 @@ def _all_workloads(sc: Scenario) -> list[Workload]:
 
 
 def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, frozenset[int]]], frozenset[int]],
-         config: RebalancerConfig | None, planner: Planner = plan) -> Result:
+         config: RebalancerConfig | None, planner: Planner = plan, *,
+         judges: Mapping[str, Scorer] | None = None, observe: Observer | None = None) -> Result:
     live: dict[str, Workload] = {}
     cpus: dict[str, frozenset[int]] = {}
     classes: dict[str, str] = {}
@@ -142,6 +156,8 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
     state: Any = None  # the policy's own state type (PlannerState for the cost model)
     rng = random.Random(sc.name)
     moves, slow_sum, thr_sum, samples = 0, 0.0, 0.0, 0
+    judges = judges or {}
+    sums = {k: (0.0, 0.0) for k in judges}
     ints = intents(sc)
     broken, rises = hard_broken(sc, cpus, ints), 0
     for cycle in range(sc.cycles):
@@ -149,8 +165,8 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
             if e.cycle == cycle:
                 _event(sc, e, live, cpus, classes, place)
         if config is not None:
-            snap = snapshot(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
-                            pmu=sc.pmu, noise=sc.noise, rng=rng)
+            snap = (observe or snapshot)(sc.node, list(live.values()), cpus, classes, time=cycle * INTERVAL,
+                                         pmu=sc.pmu, noise=sc.noise, rng=rng)
             p = planner(snap, config, state, cycle * INTERVAL)
             state = p.state
             moves += apply(p.actions, cpus, classes)
@@ -159,12 +175,19 @@ def _run(sc: Scenario, place: Callable[[Workload, frozenset[int], Mapping[str, f
         if sc.events and cycle >= sc.cycles // 4:
             s, t = score(sc.node, list(live.values()), cpus, classes)
             slow_sum, thr_sum, samples = slow_sum + s, thr_sum + t, samples + 1
+            for k, judge in judges.items():
+                js, jt = judge(sc.node, list(live.values()), cpus, classes)
+                sums[k] = (sums[k][0] + js, sums[k][1] + jt)
     pairs = tuple(pair_outcomes(sc, cpus, ints))
+    end = dict(final=dict(cpus), final_classes=dict(classes), final_live=tuple(live.values()))
     if samples:
         return Result(victim_slowdown=slow_sum / samples, throughput=thr_sum / samples, moves=moves,
-                      pairs=pairs, hard_rises=rises)
+                      pairs=pairs, hard_rises=rises,
+                      judged={k: (a / samples, b / samples) for k, (a, b) in sums.items()}, **end)
     s, t = score(sc.node, list(live.values()), cpus, classes)
-    return Result(victim_slowdown=s, throughput=t, moves=moves, pairs=pairs, hard_rises=rises)
+    return Result(victim_slowdown=s, throughput=t, moves=moves, pairs=pairs, hard_rises=rises,
+                  judged={k: judge(sc.node, list(live.values()), cpus, classes) for k, judge in judges.items()},
+                  **end)
 
 
 def _event(sc: Scenario, e: Event, live: dict[str, Workload], cpus: dict[str, frozenset[int]],
@@ -209,12 +232,15 @@ def family(sc: Scenario) -> list[frozenset[int]]:
     return out
 
 
-def run_optimum(sc: Scenario) -> Result | None:
+def run_optimum(sc: Scenario, scorer: Scorer | None = None, *, max_evals: int = MAX_OPTIMUM_EVALS) -> Result | None:
+    """The best placement of the candidate family by `scorer` (this module's simulator by default);
+    None with events or above `max_evals` placements."""
+    scorer = scorer or score
     if sc.events:
         return None
     movable = [w for w in sc.workloads if not w.exclusive]
     fam = family(sc)
-    if len(fam) ** len(movable) > MAX_OPTIMUM_EVALS:
+    if len(fam) ** len(movable) > max_evals:
         return None
     requests = {w.id: w.request_mcpu for w in sc.workloads}
     hard = [i for i in intents(sc) if i[2].hard]
@@ -224,17 +250,18 @@ def run_optimum(sc: Scenario) -> Result | None:
         cpus.update({w.id: s for w, s in zip(movable, combo)})
         if not all(requests_fit(cpus, requests, s) for s in set(combo)) or hard_broken(sc, cpus, hard):
             continue
-        slow, thr = score(sc.node, sc.workloads, cpus)
+        slow, thr = scorer(sc.node, sc.workloads, cpus, None)
         if best is None or thr > best[1] + 1e-12:
             best = (slow, thr, cpus)
     if best is None:
         return None
-    return Result(victim_slowdown=best[0], throughput=best[1], pairs=tuple(pair_outcomes(sc, best[2])))
+    return Result(victim_slowdown=best[0], throughput=best[1], pairs=tuple(pair_outcomes(sc, best[2])),
+                  final=best[2], final_live=sc.workloads)
 
 
-def ideal_without_avx_penalty(sc: Scenario) -> Result:
+def ideal_without_avx_penalty(sc: Scenario, judges: Mapping[str, Scorer] | None = None) -> Result:
     """Victim slowdown if AVX-512 cost nothing: the floor no placement can beat."""
-    return run_none(replace(sc, node=replace(sc.node, license_loss=0.0)))
+    return run_none(replace(sc, node=replace(sc.node, license_loss=0.0)), judges)
 
 
 # -- scenarios ------------------------------------------------------------------------------------
@@ -507,8 +534,10 @@ def timing_sizes() -> tuple[tuple[str, int, int], ...]:
 
 
 def steady_moves(sc: Scenario, *, cycles: int, settle_cycles: int, noise: float = 0.05,
-                 config: RebalancerConfig | None = None, planner: Planner = plan) -> tuple[int, int]:
-    """(actions in the first `settle_cycles`, actions after) of a noisy closed loop: ping-pong check."""
+                 config: RebalancerConfig | None = None, planner: Planner = plan,
+                 observe: Observer = snapshot) -> tuple[int, int]:
+    """(actions in the first `settle_cycles`, actions after) of a noisy closed loop: ping-pong check.
+    `observe` makes the Snapshots the planner sees (this module's simulator by default)."""
     config = config or RebalancerConfig()
     cpus = dict(sc.initial)
     classes: dict[str, str] = {}
@@ -516,8 +545,8 @@ def steady_moves(sc: Scenario, *, cycles: int, settle_cycles: int, noise: float 
     rng = random.Random(f"steady-{sc.name}")
     early = late = 0
     for cycle in range(cycles):
-        snap = snapshot(sc.node, sc.workloads, cpus, classes, time=cycle * INTERVAL, pmu=sc.pmu,
-                        noise=noise, rng=rng)
+        snap = observe(sc.node, sc.workloads, cpus, classes, time=cycle * INTERVAL, pmu=sc.pmu,
+                       noise=noise, rng=rng)
         p = planner(snap, config, state, cycle * INTERVAL)
         state = p.state
         n = apply(p.actions, cpus, classes)
