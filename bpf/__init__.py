@@ -34,16 +34,16 @@ class Program:
 PROGRAMS: dict[str, Program] = {
     "avx512": Program(
         name="avx512", file="avx512.bpf.c", tracepoint=("x86_fpu", "x86_fpu_regs_deactivated"),
-        defines=("PB_MAX_KEYS", "PB_KEY_PID"),
+        defines=("PB_MAX_KEYS", "PB_KEY_PID", "PB_FLUSH"),
         doc="FPU-state switches per cgroup: ZMM_Hi256 (512-bit), EVEX-256 only, all"),
     "pmu": Program(
         name="pmu", file="pmu.bpf.c", tracepoint=("sched", "sched_switch"),
-        defines=("PB_NEVENTS", "PB_NCPU", "PB_MAX_KEYS", "PB_KEY_PID"),
+        defines=("PB_NEVENTS", "PB_NCPU", "PB_MAX_KEYS", "PB_KEY_PID", "PB_TASK_BITS", "PB_NO_READS"),
         doc="per-CPU perf counters attributed to the outgoing task's cgroup at sched_switch"),
     "runqlat": Program(
         name="runqlat", file="runqlat.bpf.c", tracepoint=("sched", "sched_switch"),
         also=(("sched", "sched_wakeup"), ("sched", "sched_wakeup_new")),
-        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID"),
+        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID", "PB_FLUSH"),
         doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
 

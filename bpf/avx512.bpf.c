@@ -7,11 +7,22 @@
 // come from EVEX-encoded 128/256-bit code such as glibc's string functions ("EVEX-256").
 // Only tracepoint fields and helpers are used, so any kernel's headers compile this.
 //
+// Counting goes through a per-CPU pending entry: consecutive events of one key on a CPU add to it
+// with plain increments (a per-CPU array lookup, inlined by the verifier), and the pending counts
+// are added to the shared hash only when the key on that CPU changes or PB_FLUSH events have
+// gathered. The hash lookup and its atomic adds, most of the program's cost, run once per flush
+// instead of once per event. Userspace reads only the hash, so counts reach it at most
+// PB_FLUSH - 1 events per CPU late (docs/collectors.md): never lost, never misattributed.
+//
 // Defines (see bpf/__init__.py): PB_MAX_KEYS (map size), PB_KEY_PID (key by process id instead of
-// cgroup id, for hosts without cgroup v2 or bpf_get_current_cgroup_id).
+// cgroup id, for hosts without cgroup v2 or bpf_get_current_cgroup_id), PB_FLUSH (events gathered
+// per CPU before they are added to the hash; 1 adds every event at once).
 
 #ifndef PB_MAX_KEYS
 #define PB_MAX_KEYS 10240
+#endif
+#ifndef PB_FLUSH
+#define PB_FLUSH 32
 #endif
 
 #define XFEATURE_MASK_OPMASK (1ULL << 5)
@@ -24,8 +35,37 @@ struct avx_counts {
     u64 all;      // all FPU register saves of this key
 };
 
+struct avx_pending {
+    u64 key;  // the key whose counts this CPU is gathering
+    struct avx_counts n;
+};
+
 BPF_HASH(avx_counts, u64, struct avx_counts, PB_MAX_KEYS);
+BPF_PERCPU_ARRAY(avx_pending, struct avx_pending, 1);
 BPF_ARRAY(avx_dropped, u64, 1);  // events lost because the map was full
+
+static __always_inline void avx_flush(struct avx_pending *p) {
+    if (p->n.all == 0)
+        return;
+    u64 key = p->key;
+    struct avx_counts zero = {};
+    struct avx_counts *c = avx_counts.lookup_or_try_init(&key, &zero);
+    if (c) {
+        __sync_fetch_and_add(&c->all, p->n.all);
+        if (p->n.zmm)
+            __sync_fetch_and_add(&c->zmm, p->n.zmm);
+        if (p->n.evex256)
+            __sync_fetch_and_add(&c->evex256, p->n.evex256);
+    } else {
+        int idx = 0;
+        u64 *d = avx_dropped.lookup(&idx);
+        if (d)
+            __sync_fetch_and_add(d, p->n.all);
+    }
+    p->n.all = 0;
+    p->n.zmm = 0;
+    p->n.evex256 = 0;
+}
 
 TRACEPOINT_PROBE(x86_fpu, x86_fpu_regs_deactivated) {
 #ifdef PB_KEY_PID
@@ -33,20 +73,21 @@ TRACEPOINT_PROBE(x86_fpu, x86_fpu_regs_deactivated) {
 #else
     u64 key = bpf_get_current_cgroup_id();
 #endif
-    struct avx_counts zero = {};
-    struct avx_counts *c = avx_counts.lookup_or_try_init(&key, &zero);
-    if (!c) {
-        int idx = 0;
-        u64 *d = avx_dropped.lookup(&idx);
-        if (d)
-            __sync_fetch_and_add(d, 1);
+    int idx = 0;
+    struct avx_pending *p = avx_pending.lookup(&idx);
+    if (!p)
         return 0;
+    if (p->key != key) {
+        avx_flush(p);
+        p->key = key;
     }
     u64 xf = args->xfeatures;
-    __sync_fetch_and_add(&c->all, 1);
+    p->n.all++;
     if (xf & XFEATURE_MASK_ZMM_HI256)
-        __sync_fetch_and_add(&c->zmm, 1);
+        p->n.zmm++;
     else if (xf & (XFEATURE_MASK_OPMASK | XFEATURE_MASK_HI16_ZMM))
-        __sync_fetch_and_add(&c->evex256, 1);
+        p->n.evex256++;
+    if (p->n.all >= PB_FLUSH)
+        avx_flush(p);
     return 0;
 }

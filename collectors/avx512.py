@@ -21,8 +21,8 @@ from typing import Any
 
 import bpf
 from collectors import archstatus
-from collectors.base import LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.base import IdleMetrics, LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
 from collectors.config import Avx512Config
@@ -101,9 +101,14 @@ def per_container(deltas: Mapping[int, tuple[int, ...]], owners: Mapping[int, tu
     return out
 
 
+# Events a CPU gathers before adding them to the shared map (bpf/avx512.bpf.c): the map's lookup
+# and atomic adds run once per FLUSH events of one key instead of once per event.
+FLUSH = 32
+
+
 def bpf_defines(config: Avx512Config, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/avx512.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
-    return {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+    return {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys, "PB_FLUSH": FLUSH}
 
 
 class Avx512Collector:
@@ -112,14 +117,16 @@ class Avx512Collector:
     name = "avx512"
 
     def __init__(self, *, config: Avx512Config, host: HostPaths, cgroupfs: Any,
-                 pid_keys: bool | None = None) -> None:
+                 pid_keys: bool | None = None, keymaps: KeyMaps | None = None) -> None:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
         self._owners: dict[int, tuple[str, str]] = {}
         self._state: dict[str, Smoothed] = {}
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
@@ -152,8 +159,8 @@ class Avx512Collector:
         self._bpf = env.load(bpf.render("avx512", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live)
-        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+                                max_keys=self.config.max_keys, live=live, name="avx_counts")
+        self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 
@@ -183,16 +190,16 @@ class Avx512Collector:
         window = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
         try:
-            counts = self._coarse(containers, window) if self.coarse else self._fine(containers)
+            counts = self._coarse(containers, window) if self.coarse else self._fine(containers, now)
         except (PerfbalanceError, OSError) as e:
             self._log.warning(f"avx512: collection failed: {e}")
             return {}
         return self._metrics(containers, counts, window)
 
-    def _fine(self, containers: Sequence[Container]) -> dict[str, tuple[Counts, float | None, float | None]]:
+    def _fine(self, containers: Sequence[Container], now: float) -> dict[str, tuple[Counts, float | None, float | None]]:
         assert self._map is not None and self._keys is not None
         deltas = self._map.deltas()
-        owners = self._keys.build(containers, deltas.keys())
+        owners = self._keys.build(containers, deltas.keys(), now=now)
         self._map.prune(self._owners, owners)
         self._owners = owners
         out = {}
@@ -218,11 +225,21 @@ class Avx512Collector:
                  window: float) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         state: dict[str, Smoothed] = {}
+        coarse, idle = self.coarse, self._idle
         for c in containers:
-            n, active, evex = counts.get(c.id, (Counts(), None, None))
-            s = smooth(self._state.get(c.id), active, evex, self.config)
+            got = counts.get(c.id)
+            before = self._state.get(c.id)
+            if got is None and window > 0:  # no switches: the state stays, the rates are zero
+                if before is not None:
+                    state[c.id] = before
+                out[c.id] = idle.get(c.id, before) or idle.put(
+                    c.id, before, window_metrics(Counts(), before, window, coarse=coarse))
+                continue
+            n, active, evex = got or (Counts(), None, None)
+            s = smooth(before, active, evex, self.config)
             if s is not None:
                 state[c.id] = s
-            out[c.id] = window_metrics(n, s, window, coarse=self.coarse)
+            out[c.id] = window_metrics(n, s, window, coarse=coarse)
+        idle.end_cycle()
         self._state = state  # containers that left are forgotten (churn)
         return out

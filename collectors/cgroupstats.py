@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import resource
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from perfbalance import cgroupfs as cg
 from collectors.base import LogOnce, Metrics
+from collectors.filecache import FileCache
 from perfbalance.errors import ContainerGone, FeatureUnavailable, ParseError, PerfbalanceError
 from perfbalance.model import CollectorStatus, Container
 
@@ -67,83 +66,6 @@ def metrics(cur: Reading, prev: Reading | None, window: float) -> dict[str, floa
     return out
 
 
-class FileCache:
-    """Cgroup control files kept open and re-read with pread(2) at offset 0.
-
-    Opening a cgroup file costs a path walk (about 8 us on a VM, versus 1-2 us for the pread),
-    which at five files per container dominated a 1000-container cycle. Files of cgroups that
-    left are closed; a removed cgroup's fd reads ENODEV and is dropped (ContainerGone). At most
-    `capacity` files stay open; beyond that, files are opened and closed per read.
-    """
-
-    def __init__(self, cgroupfs: Any, *, capacity: int) -> None:
-        self.cgroupfs, self.capacity = cgroupfs, capacity
-        self._fds: dict[tuple[str, str | None, str], int] = {}
-
-    def read(self, rel: str, controller: str | None, name: str) -> str:
-        key = (rel, controller, name)
-        fd = self._fds.get(key)
-        if fd is None:
-            fd = self._open(rel, controller, name)
-            if len(self._fds) >= self.capacity:
-                try:
-                    return _pread(fd, rel)
-                finally:
-                    os.close(fd)
-            self._fds[key] = fd
-        try:
-            return _pread(fd, rel)
-        except ContainerGone:
-            self._close(key)
-            raise
-
-    def _open(self, rel: str, controller: str | None, name: str) -> int:
-        """Through Cgroupfs's safe open: a symlink or mount crossing anywhere on the way is
-        refused (CgroupPathRefused), a vanished cgroup is ContainerGone, a control file missing
-        from a live cgroup is CgroupfsError(ENOENT)."""
-        return int(self.cgroupfs.open_file(rel, controller, name))
-
-    def _close(self, key: tuple[str, str | None, str]) -> None:
-        fd = self._fds.pop(key, None)
-        if fd is not None:
-            os.close(fd)
-
-    def retain(self, rels: Iterable[str]) -> None:
-        """Close the files of cgroups not in `rels`."""
-        keep = set(rels)
-        for key in [k for k in self._fds if k[0] not in keep]:
-            self._close(key)
-
-    def close(self) -> None:
-        for key in list(self._fds):
-            self._close(key)
-
-    def __len__(self) -> int:
-        return len(self._fds)
-
-
-def _pread(fd: int, rel: str) -> str:
-    try:
-        return os.pread(fd, 65536, 0).decode("utf-8", errors="replace")
-    except OSError as e:
-        if e.errno in (errno.ENODEV, errno.ENOENT, errno.ESRCH):
-            raise ContainerGone(rel or "/", e.strerror or "") from None
-        raise
-
-
-def fd_budget(wanted: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards the hard limit; return how many fds we may keep."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = soft if hard == resource.RLIM_INFINITY and soft >= wanted else min(max(soft, wanted + 1024), hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(0, min(wanted, soft - 1024))
-
-
 class CgroupStatsCollector:
     """The `cgroup_stats` collector. Implements collectors.base.Collector."""
 
@@ -159,6 +81,12 @@ class CgroupStatsCollector:
         self._usage_v1 = self._cpu_v1 = self._mem_v1 = False
         self._psi = False
         self._cycle = 0
+        self._raw: dict[str, tuple[RawFiles, Reading]] = {}  # cgroup -> its files' bytes, parsed
+        self._out: dict[str, tuple[dict[str, float], bool]] = {}  # id -> last metrics, steady
+        self._phases: dict[str, int] = {}
+        # without and with the slow files: their RawFiles slots and (controller, name), read back
+        # to back (FileCache.read_group)
+        self._group: dict[bool, tuple[tuple[int, ...], tuple[tuple[str | None, str], ...]]] = {}
 
     def start(self) -> CollectorStatus:
         if not self.enabled:
@@ -173,16 +101,27 @@ class CgroupStatsCollector:
                 raise FeatureUnavailable("cgroup_stats", f"neither v1 cpuacct nor cgroup v2 under {fs.root}")
         except (PerfbalanceError, OSError) as e:
             return self._set(False, getattr(e, "reason", str(e)))
-        self._files = FileCache(fs, capacity=fd_budget(self.max_open_files))
+        self._files = FileCache.within_budget(fs, wanted=self.max_open_files)
+        self._group = {slow: _group(self._files_of(slow)) for slow in (False, True)}
         notes = [] if self._psi else ["no PSI (kernel without CONFIG_PSI or psi=0, or no cgroup v2)"]
         return self._set(True, "; ".join(notes), usage="cpuacct.usage" if self._usage_v1 else "cpu.stat",
                          psi=self._psi)
+
+    def _files_of(self, slow: bool) -> list[tuple[int, str | None, str]]:
+        """(RawFiles slot, controller, name) of the files read in a cycle, with or without the slow."""
+        out: list[tuple[int, str | None, str]] = [(0, "cpu" if self._cpu_v1 else None, "cpu.stat")]
+        out += [(1, "cpuacct", "cpuacct.usage")] if self._usage_v1 else []
+        out += [(2, None, "cpu.pressure")] if self._psi else []
+        if slow:
+            out.append((3, "memory", "memory.usage_in_bytes") if self._mem_v1 else (3, None, "memory.current"))
+            out += [(4, None, "memory.pressure")] if self._psi else []
+        return out
 
     def status(self) -> CollectorStatus:
         return self._status
 
     def close(self) -> None:
-        self._prev = {}
+        self._prev, self._raw, self._out = {}, {}, {}
         if self._files is not None:
             self._files.close()
 
@@ -197,44 +136,89 @@ class CgroupStatsCollector:
         self._last = now
         out: dict[str, dict[str, float]] = {}
         prev, self._prev = self._prev, {}
+        last_out, self._out = self._out, {}
         self._cycle += 1
         for c in containers:
             before = prev.get(c.id)
             # Memory usage and memory pressure (a 10 s average) move slowly: each container reads
             # them every SLOW_EVERY cycles, staggered, and keeps the last values in between.
-            slow = before is None or (self._cycle + zlib.crc32(c.id.encode())) % SLOW_EVERY == 0
+            slow = before is None or (self._cycle + self._phase(c.id)) % SLOW_EVERY == 0
             try:
                 cur = self.read(c.cgroup, slow=slow)
             except (PerfbalanceError, OSError) as e:
                 if not isinstance(e, ContainerGone):
                     self._log.warning(f"cgroup_stats: {c.id}: {e}")
                 continue
-            if not slow and before is not None:
+            if not slow and before is not None and (cur.memory_bytes, cur.psi_memory_some) != (
+                    before.memory_bytes, before.psi_memory_some):
                 cur = replace(cur, memory_bytes=before.memory_bytes, psi_memory_some=before.psi_memory_some)
             self._prev[c.id] = cur
-            out[c.id] = metrics(cur, before, window)
+            out[c.id] = self._metrics(c.id, cur, before, window, last_out.get(c.id))
         if self._files is not None:
             self._files.retain(c.cgroup for c in containers)
+        live = {c.cgroup for c in containers}
+        for rel in [r for r in self._raw if r not in live]:
+            del self._raw[rel]
+        if len(self._phases) > 2 * len(containers):  # containers come and go: forget the gone
+            self._phases = {c.id: self._phases[c.id] for c in containers if c.id in self._phases}
         return out
 
-    def read(self, rel: str, *, slow: bool = True) -> Reading:
-        """One container's counters (ContainerGone when its cgroup vanished); with slow=False the
-        memory usage and memory pressure files are not read (left None)."""
-        f = self._files if self._files is not None else FileCache(self.cgroupfs, capacity=0)
-        stat = cg.parse_cpu_stat(f.read(rel, "cpu" if self._cpu_v1 else None, "cpu.stat"))
-        usage = cg.parse_cpuacct_usage(f.read(rel, "cpuacct", "cpuacct.usage")) if self._usage_v1 else stat.usage_usec
-        mem = self._optional(f, rel, "memory" if self._mem_v1 else None,
-                             "memory.usage_in_bytes" if self._mem_v1 else "memory.current") if slow else None
-        return Reading(usage_usec=usage, nr_periods=stat.nr_periods, nr_throttled=stat.nr_throttled,
-                       throttled_usec=stat.throttled_usec,
-                       memory_bytes=cg.parse_memory_usage(mem) if mem else None,
-                       psi_cpu_some=self._pressure(f, rel, "cpu.pressure"),
-                       psi_memory_some=self._pressure(f, rel, "memory.pressure") if slow else None)
+    def _metrics(self, cid: str, cur: Reading, before: Reading | None, window: float,
+                 last: tuple[dict[str, float], bool] | None) -> dict[str, float]:
+        """metrics(cur, before, window), reused from the last cycle when nothing moved: with the
+        same Reading twice every rate is zero whatever the window, so the result is the same."""
+        steady = cur is before and window > 0
+        m = last[0] if steady and last is not None and last[1] else metrics(cur, before, window)
+        self._out[cid] = (m, steady)
+        return m
 
-    def _optional(self, f: FileCache, rel: str, controller: str | None, name: str) -> str | None:
+    def _phase(self, cid: str) -> int:
+        phase = self._phases.get(cid)
+        if phase is None:
+            phase = self._phases[cid] = zlib.crc32(cid.encode())
+        return phase
+
+    def read(self, rel: str, *, slow: bool = True) -> Reading:
+        """One container's counters (ContainerGone when its cgroup vanished). With slow=False the
+        memory usage and memory pressure files are not read: their last read values are kept
+        (None before the first). When no file's bytes changed since the last read, the same
+        Reading object is returned (nothing is parsed; `collect` then reuses its last metrics)."""
+        f = self._files if self._files is not None else FileCache(self.cgroupfs, capacity=0)
+        last = self._raw.get(rel)
+        raw = self._read_raw(f, rel, slow=slow, last=None if last is None else last[0])
+        if last is not None and last[0] == raw:
+            return last[1]
+        reading = parse_files(raw, usage_v1=self._usage_v1, source=rel)
+        self._raw[rel] = (raw, reading)
+        return reading
+
+    def _read_raw(self, f: FileCache, rel: str, *, slow: bool, last: RawFiles | None) -> RawFiles:
+        """The bytes of the files one Reading is parsed from (None: a file this cgroup lacks):
+        back to back where all are kept open, else one by one."""
+        group = self._group.get(slow)
+        data = f.read_group(rel, slow, group[1]) if group is not None else None
+        if group is None or data is None:
+            return self._read_each(f, rel, slow=slow, last=last)
+        slots = group[0]
+        raw: list[bytes | None] = [None, None, None, *(last[3:] if last is not None and not slow else (None, None))]
+        for slot, d in zip(slots, data):
+            raw[slot] = d
+        return tuple(raw)  # type: ignore[return-value]
+
+    def _read_each(self, f: FileCache, rel: str, *, slow: bool, last: RawFiles | None) -> RawFiles:
+        stat = f.read_bytes(rel, "cpu" if self._cpu_v1 else None, "cpu.stat")
+        usage = f.read_bytes(rel, "cpuacct", "cpuacct.usage") if self._usage_v1 else None
+        cpu_pressure = self._optional(f, rel, None, "cpu.pressure") if self._psi else None
+        if not slow:
+            return (stat, usage, cpu_pressure, *(last[3:] if last is not None else (None, None)))
+        mem = self._optional(f, rel, "memory" if self._mem_v1 else None,
+                             "memory.usage_in_bytes" if self._mem_v1 else "memory.current")
+        return (stat, usage, cpu_pressure, mem, self._optional(f, rel, None, "memory.pressure") if self._psi else None)
+
+    def _optional(self, f: FileCache, rel: str, controller: str | None, name: str) -> bytes | None:
         """A file that some cgroups lack (the root's memory.current, a controller not enabled)."""
         try:
-            return f.read(rel, controller, name)
+            return f.read_bytes(rel, controller, name)
         except cg.CgroupPathRefused:
             raise
         except cg.CgroupfsError as e:
@@ -250,11 +234,31 @@ class CgroupStatsCollector:
                 raise
             return None
 
-    def _pressure(self, f: FileCache, rel: str, name: str) -> float | None:
-        if not self._psi:
-            return None
-        text = self._optional(f, rel, None, name)
-        return parse_psi_some_avg10(text, source=f"{rel}/{name}") if text else None
+
+def _group(files: Sequence[tuple[int, str | None, str]]) -> tuple[tuple[int, ...], tuple[tuple[str | None, str], ...]]:
+    return tuple(f[0] for f in files), tuple((f[1], f[2]) for f in files)
+
+
+# (cpu.stat, cpuacct.usage or None on v2, cpu.pressure, memory usage, memory.pressure) as read
+RawFiles = tuple[bytes, bytes | None, bytes | None, bytes | None, bytes | None]
+
+
+def parse_files(raw: RawFiles, *, usage_v1: bool, source: str = "") -> Reading:
+    """One Reading from the bytes of a container's files (pure; ParseError names the file)."""
+    stat_b, usage_b, cpu_p, mem_b, mem_p = raw
+    stat = cg.parse_cpu_stat(stat_b.decode("utf-8", errors="replace"), source=f"{source}/cpu.stat")
+    usage = cg.parse_cpuacct_usage(_text(usage_b), source=f"{source}/cpuacct.usage") if usage_v1 and usage_b is not None \
+        else stat.usage_usec
+    mem = _text(mem_b)
+    return Reading(usage_usec=usage, nr_periods=stat.nr_periods, nr_throttled=stat.nr_throttled,
+                   throttled_usec=stat.throttled_usec,
+                   memory_bytes=cg.parse_memory_usage(mem, source=f"{source}/memory") if mem else None,
+                   psi_cpu_some=parse_psi_some_avg10(_text(cpu_p), source=f"{source}/cpu.pressure") if cpu_p else None,
+                   psi_memory_some=parse_psi_some_avg10(_text(mem_p), source=f"{source}/memory.pressure") if mem_p else None)
+
+
+def _text(data: bytes | None) -> str:
+    return "" if data is None else data.decode("utf-8", errors="replace")
 
 
 def parse_psi_some_avg10(text: str, *, source: str = "") -> float:

@@ -13,8 +13,8 @@ MAX_PMU_EVENTS = 8
 
 
 def _events(value: tuple[str, ...]) -> str | None:
-    if len(value) > MAX_PMU_EVENTS - 1:  # task_clock is always added
-        return f"at most {MAX_PMU_EVENTS - 1} events"
+    if len(value) > MAX_PMU_EVENTS:
+        return f"at most {MAX_PMU_EVENTS} events"
     for text in value:
         try:
             parse_event(text)
@@ -41,7 +41,7 @@ class Avx512Config:
 @dataclass(frozen=True, kw_only=True)
 class PerfConfig:
     mode: Literal["auto", "bpf", "cgroup", "off"] = setting("auto", "PMU attribution: BPF perf array + sched_switch (bpf), per-cgroup perf_event_open (cgroup), or auto.")
-    events: tuple[str, ...] = setting(factory=lambda: ("instructions", "cycles", "llc_references", "llc_misses"), doc="Hardware events to count; raw events as 'name=0xCONFIG'. Software events are used when no PMU exists.", check=_events)
+    events: tuple[str, ...] = setting(factory=lambda: ("instructions", "cycles", "llc_misses"), doc="Events to count, each read at every sched_switch that changes cgroup: the default is what the planner uses (IPC, LLC MPKI, bandwidth); add e.g. llc_references, task_clock or raw events 'name=0xCONFIG'. task-clock alone is used when no hardware event opens.", check=_events)
     max_keys: int = setting(10240, "Entries of the BPF map of per-cgroup counts.", min=64, max=1 << 20)
 
 

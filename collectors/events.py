@@ -47,7 +47,7 @@ KNOWN: dict[str, EventSpec] = {e.name: e for e in (
     EventSpec(name="context_switches", type=PERF_TYPE_SOFTWARE, config=3),
     EventSpec(name="cpu_migrations", type=PERF_TYPE_SOFTWARE, config=4),
 )}
-SOFTWARE_FALLBACK = ("task_clock", "context_switches", "cpu_migrations")
+SOFTWARE_FALLBACK = ("task_clock",)
 _ALIASES = {"cache_references": "llc_references", "cache_misses": "llc_misses",
             "cpu_cycles": "cycles", "cs": "context_switches", "migrations": "cpu_migrations"}
 _RAW = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*(0[xX][0-9a-fA-F]+|\d+)\s*$")

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.base import IdleMetrics
+from collectors.filecache import FileCache
 from perfbalance.errors import ContainerGone, ParseError, PerfbalanceError
 from perfbalance.model import CollectorStatus, Container
 
@@ -76,14 +78,21 @@ def rates(cur: IoTotals, prev: IoTotals | None, window: float) -> dict[str, floa
 
 
 class IoStatCollector:
-    """The `iostat` collector. Implements collectors.base.Collector."""
+    """The `iostat` collector. Implements collectors.base.Collector.
+
+    Its files are kept open and re-read with pread (collectors.filecache); a container whose
+    files' bytes did not change since the last cycle is not parsed again, and its zero rates are
+    the last cycle's dict (collectors.base.IdleMetrics)."""
 
     name = "iostat"
 
-    def __init__(self, *, cgroupfs: Any, enabled: bool = True) -> None:
-        self.cgroupfs, self.enabled = cgroupfs, enabled
+    def __init__(self, *, cgroupfs: Any, enabled: bool = True, max_open_files: int = 4000) -> None:
+        self.cgroupfs, self.enabled, self.max_open_files = cgroupfs, enabled, max_open_files
         self._v1 = False
+        self._files: FileCache | None = None
         self._prev: dict[str, IoTotals] = {}
+        self._raw: dict[str, tuple[tuple[bytes, ...], IoTotals]] = {}  # cgroup -> files' bytes, parsed
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._warned: set[str] = set()
@@ -98,21 +107,37 @@ class IoStatCollector:
             self._status = CollectorStatus(up=True, detail={"source": "io.stat"})
         else:
             self._status = CollectorStatus(up=False, reason=f"no blkio (v1) or io (v2) controller under {fs.root}")
+        if self._status.up and self._files is None:
+            self._files = FileCache.within_budget(fs, wanted=self.max_open_files)
         return self._status
 
     def status(self) -> CollectorStatus:
         return self._status
 
     def close(self) -> None:
-        self._prev = {}
+        self._prev, self._raw = {}, {}
+        if self._files is not None:
+            self._files.close()
+            self._files = None
 
     def read(self, rel: str) -> IoTotals:
-        fs = self.cgroupfs
+        """A container's totals; the same object as last time when its files' bytes are unchanged."""
+        raw = self._read_raw(rel)
+        last = self._raw.get(rel)
+        if last is not None and last[0] == raw:
+            return last[1]
+        totals = parse_files(raw, v1=self._v1, source=rel)
+        self._raw[rel] = (raw, totals)
+        return totals
+
+    def _read_raw(self, rel: str) -> tuple[bytes, ...]:
+        f = self._files if self._files is not None else FileCache(self.cgroupfs, capacity=0)
+        data = f.read_group(rel, 0, V1_FILES if self._v1 else V2_FILES)
+        if data is not None:
+            return tuple(data)
         if self._v1:
-            rb, wb = parse_v1_rwstat(fs.read(rel, "blkio", "blkio.throttle.io_service_bytes_recursive"), source=rel)
-            ro, wo = parse_v1_rwstat(fs.read(rel, "blkio", "blkio.throttle.io_serviced_recursive"), source=rel)
-            return IoTotals(read_bytes=rb, write_bytes=wb, read_ops=ro, write_ops=wo)
-        return parse_io_stat(fs.read(rel, "io", "io.stat"), source=rel)
+            return (f.read_bytes(rel, "blkio", V1_BYTES), f.read_bytes(rel, "blkio", V1_OPS))
+        return (f.read_bytes(rel, "io", "io.stat"),)
 
     def collect(self, containers: Sequence[Container], now: float) -> dict[str, dict[str, float]]:
         if not self._status.up:
@@ -132,6 +157,30 @@ class IoStatCollector:
                     log.warning("iostat: %s: %s", c.id, e)
                 continue
             self._prev[c.id] = cur
-            out[c.id] = rates(cur, prev.get(c.id), window)
+            before = prev.get(c.id)
+            if cur is before and window > 0:  # nothing moved: zero rates, whatever the window
+                out[c.id] = self._idle.get(c.id, cur) or self._idle.put(c.id, cur, rates(cur, cur, window))
+            else:
+                out[c.id] = rates(cur, before, window)
+        self._idle.end_cycle()
         self._warned &= set(self._prev)
+        if self._files is not None:
+            self._files.retain(c.cgroup for c in containers)
+        live = {c.cgroup for c in containers}
+        for rel in [r for r in self._raw if r not in live]:
+            del self._raw[rel]
         return out
+
+
+V1_BYTES, V1_OPS = "blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_serviced_recursive"
+V1_FILES, V2_FILES = (("blkio", V1_BYTES), ("blkio", V1_OPS)), (("io", "io.stat"),)
+
+
+def parse_files(raw: Sequence[bytes], *, v1: bool, source: str = "") -> IoTotals:
+    """A container's totals from its files' bytes (pure): v1's two rwstat files, or v2 io.stat."""
+    text = [b.decode("utf-8", errors="replace") for b in raw]
+    if not v1:
+        return parse_io_stat(text[0], source=f"{source}/io.stat")
+    rb, wb = parse_v1_rwstat(text[0], source=f"{source}/{V1_BYTES}")
+    ro, wo = parse_v1_rwstat(text[1], source=f"{source}/{V1_OPS}")
+    return IoTotals(read_bytes=rb, write_bytes=wb, read_ops=ro, write_ops=wo)

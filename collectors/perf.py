@@ -7,8 +7,7 @@ Two modes (docs/collectors.md):
   anti-pattern (containers x CPUs x events).
 - `cgroup`: per-cgroup events (PERF_FLAG_PID_CGROUP with the cgroup directory's fd), for hosts
   without BPF; costs containers x CPUs x events fds and is said so in the status.
-Where the hardware PMU is absent (VMs), the software events task-clock, context-switches and
-cpu-migrations run through the same path. Counts are corrected for multiplexing with the
+Where the hardware PMU is absent (VMs), the software event task-clock runs through the same path. Counts are corrected for multiplexing with the
 enabled/running times; rates come from deltas of cumulative counts, never from resets.
 """
 
@@ -24,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors.base import LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.base import IdleMetrics, LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.kernel import kernel_ok
 from collectors.bpfenv.maps import CountingMap
@@ -42,6 +41,7 @@ PERF_FLAG_FD_CLOEXEC = 1 << 3
 PERF_FLAG_PID_CGROUP = 1 << 2
 PERF_FORMAT_TOTAL_TIME_ENABLED, PERF_FORMAT_TOTAL_TIME_RUNNING = 1, 2
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+TASK_BITS = 16  # bpf/pmu.bpf.c pmu_task: 64k slots of (key, thread id), 1 MiB
 
 
 # --- perf_event_open through ctypes --------------------------------------------------------------
@@ -139,7 +139,10 @@ def probe_events(names: Sequence[str] = ("cycles", "instructions", "llc_referenc
 def choose_events(wanted: Sequence[EventSpec], *, cpu: int = 0) -> tuple[tuple[EventSpec, ...], list[str]]:
     """The wanted events that open here; when no hardware event opens, the software fallback.
 
-    task_clock is always added (it gives CPU seconds). Returns (events, notes on what was dropped).
+    Only what is asked for is read: every event costs a counter read at each sched_switch that
+    changes cgroup. task_clock is the software fallback (no software event feeds the planner; it
+    keeps the attribution path running and checkable against cpuacct), and the one event used when
+    nothing else opens. Returns (events, notes on what was dropped).
     """
     ok: list[EventSpec] = []
     notes: list[str] = []
@@ -152,7 +155,7 @@ def choose_events(wanted: Sequence[EventSpec], *, cpu: int = 0) -> tuple[tuple[E
     if not any(e.hardware for e in ok) and any(e.hardware for e in wanted):
         notes.append("no hardware PMU events open: using software events " + ", ".join(SOFTWARE_FALLBACK))
         ok += [KNOWN[n] for n in SOFTWARE_FALLBACK if n not in {e.name for e in ok}]
-    if "task_clock" not in {e.name for e in ok}:
+    if not ok:
         ok.append(KNOWN["task_clock"])
     return tuple(ok), notes
 
@@ -221,6 +224,7 @@ class _Base:
         self.events: tuple[EventSpec, ...] = ()
         self._fds: list[int] = []
         self._totals: dict[str, dict[str, float]] = {}
+        self._idle = IdleMetrics()
         self._last: float | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
@@ -260,25 +264,36 @@ class _Base:
         zero = Raw(counter=(0,) * len(self.events), enabled=(0,) * len(self.events), running=(0,) * len(self.events))
         out: dict[str, dict[str, float]] = {}
         totals: dict[str, dict[str, float]] = {}
+        idle = self._idle
         for c in containers:
-            counts = window_counts(self.events, raws.get(c.id, zero))
-            totals[c.id] = accumulate(self._totals.get(c.id, {}), counts)
+            raw, before = raws.get(c.id), self._totals.get(c.id)
+            if raw is None and before is not None and window > 0:  # nothing counted: totals stay
+                totals[c.id] = before
+                out[c.id] = idle.get(c.id, before) or idle.put(
+                    c.id, before, derive(self.events, {}, before, window))
+                continue
+            counts = window_counts(self.events, raw or zero)
+            totals[c.id] = accumulate(before or {}, counts)
             out[c.id] = derive(self.events, counts, totals[c.id], window)
+        idle.end_cycle()
         self._totals = totals  # containers that left are forgotten
         return out
 
 
 def bpf_defines(config: PerfConfig, *, nevents: int, ncpu: int, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/pmu.bpf.c: events x possible CPUs perf array (pure: `doctor --dump-bpf`)."""
-    return {"PB_NEVENTS": nevents, "PB_NCPU": ncpu, "PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+    return {"PB_NEVENTS": nevents, "PB_NCPU": ncpu, "PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys,
+            "PB_TASK_BITS": TASK_BITS}
 
 
 class BpfPerfCollector(_Base):
     """Mode `bpf`: events opened once per CPU, attributed by the `pmu` sched_switch program."""
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, pid_keys: bool | None = None,
+                 keymaps: KeyMaps | None = None) -> None:
         super().__init__(config=config, host=host, cgroupfs=cgroupfs)
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -298,8 +313,8 @@ class BpfPerfCollector(_Base):
             self._open_into(self._bpf[b"pmu_events"], ncpu)
             live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
             self._map = CountingMap(self._bpf[b"pmu_counts"], fields=("counter", "enabled", "running"),
-                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live)
-            self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+                                    batch=env.batch_reads, max_keys=self.config.max_keys, live=live, name="pmu_counts")
+            self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         except (FeatureUnavailable, PerfbalanceError, OSError) as e:
             self.close()
             reason = getattr(e, "reason", None) or str(e)
@@ -322,7 +337,7 @@ class BpfPerfCollector(_Base):
         window = self._window(now)
         try:
             deltas = self._map.deltas()
-            owners = self._keys.build(containers, deltas.keys())
+            owners = self._keys.build(containers, deltas.keys(), now=now)
             self._map.prune(self._owners, owners)
             self._owners = owners
         except (PerfbalanceError, OSError) as e:
@@ -336,6 +351,15 @@ class BpfPerfCollector(_Base):
                 r = split_row(row, n)
                 raws[owner[0]] = raws[owner[0]] + r if owner[0] in raws else r
         return self._metrics(containers, raws, window)
+
+    def switches(self, cpu: int | None = None) -> tuple[int, int]:
+        """(switches that read the counters, switches between two tasks of one key that did not)
+        since the program was loaded, on `cpu` or summed over CPUs; (0, 0) when not loaded."""
+        if self._bpf is None:
+            return 0, 0
+        table = self._bpf[b"pmu_switches"]
+        per = [list(table[table.Key(i)]) for i in (0, 1)]
+        return tuple(int(v[cpu]) if cpu is not None else int(sum(v)) for v in per)  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._bpf is not None:
@@ -446,15 +470,15 @@ def _raw_delta(cur: Mapping[int, Reading], prev: Mapping[int, Reading], n: int) 
                running=tuple(d(i, "running") for i in range(n)))
 
 
-def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> Any:
+def make_collector(*, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> Any:
     """The configured mode; `auto` tries BPF, then per-cgroup events. Call start() on the result."""
     if config.mode == "off":
         return OffCollector()
     if config.mode == "cgroup":
         return CgroupPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
     if config.mode == "bpf":
-        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
-    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs)
+        return BpfPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
+    return AutoPerfCollector(config=config, host=host, cgroupfs=cgroupfs, keymaps=keymaps)
 
 
 class AutoPerfCollector:
@@ -462,9 +486,9 @@ class AutoPerfCollector:
 
     name = "perf"
 
-    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any) -> None:
+    def __init__(self, *, config: PerfConfig, host: HostPaths, cgroupfs: Any, keymaps: KeyMaps | None = None) -> None:
         self._args = {"config": config, "host": host, "cgroupfs": cgroupfs}
-        self.inner: Any = BpfPerfCollector(**self._args)
+        self.inner: Any = BpfPerfCollector(**self._args, keymaps=keymaps)
 
     def start(self) -> CollectorStatus:
         st = self.inner.start()

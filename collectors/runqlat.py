@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import bpf
-from collectors.base import LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, LiveKeys
+from collectors.base import IdleMetrics, LogOnce, Metrics
+from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap
 from collectors.config import RunqlatConfig
@@ -111,10 +111,14 @@ def window_metrics(h: Histogram, window: float) -> dict[str, float]:
     return out
 
 
+# Delays a CPU gathers before adding them to the shared histogram map (bpf/runqlat.bpf.c).
+FLUSH = 32
+
+
 def bpf_defines(config: RunqlatConfig, *, pid_keys: bool) -> dict[str, bpf.DefineValue]:
     """The -D flags of bpf/runqlat.bpf.c for this configuration (pure: `doctor --dump-bpf`)."""
     return {"PB_MAX_KEYS": config.max_keys, "PB_TASK_BITS": max(10, (config.max_tasks - 1).bit_length()),
-            "PB_KEY_PID": pid_keys}
+            "PB_KEY_PID": pid_keys, "PB_FLUSH": FLUSH}
 
 
 class RunqlatCollector:
@@ -123,9 +127,10 @@ class RunqlatCollector:
     name = "runqlat"
 
     def __init__(self, *, config: RunqlatConfig, host: HostPaths, cgroupfs: Any,
-                 pid_keys: bool | None = None) -> None:
+                 pid_keys: bool | None = None, keymaps: KeyMaps | None = None) -> None:
         self.config, self.host, self.cgroupfs = config, host, cgroupfs
         self._force_pid_keys = pid_keys
+        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
@@ -135,6 +140,7 @@ class RunqlatCollector:
         self._log = LogOnce(log)
         self.defines: dict[str, bpf.DefineValue] = {}
         self.histograms: dict[str, Histogram] = {}  # the last window's, per container
+        self._idle = IdleMetrics()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> CollectorStatus:
@@ -154,8 +160,8 @@ class RunqlatCollector:
         self._bpf = env.load(bpf.render("runqlat", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live)
-        self._keys = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
+                                max_keys=self.config.max_keys, live=live, name="rq_hist")
+        self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)
 
@@ -193,11 +199,24 @@ class RunqlatCollector:
         self._last = now
         try:
             deltas = self._map.deltas()
-            owners = self._keys.build(containers, deltas.keys())
+            owners = self._keys.build(containers, deltas.keys(), now=now)
             self._map.prune(self._owners, owners)
         except (PerfbalanceError, OSError) as e:
             self._log.warning(f"runqlat: collection failed: {e}")
             return {}
         self._owners = owners
         self.histograms = per_container(deltas, owners)
-        return {c.id: window_metrics(self.histograms.get(c.id, Histogram()), window) for c in containers}
+        return self._metrics(containers, window)
+
+    def _metrics(self, containers: Sequence[Container], window: float) -> dict[str, dict[str, float]]:
+        """window_metrics of each container; an idle one's (no waits) reused while it stays idle."""
+        out: dict[str, dict[str, float]] = {}
+        idle = self._idle
+        for c in containers:
+            h = self.histograms.get(c.id)
+            if h is not None or window <= 0:
+                out[c.id] = window_metrics(h or Histogram(), window)
+            else:
+                out[c.id] = idle.get(c.id, None) or idle.put(c.id, None, window_metrics(Histogram(), window))
+        idle.end_cycle()
+        return out

@@ -15,7 +15,7 @@ two readings, never a reset of the counter. The rule, per source:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -70,5 +70,46 @@ class CounterDeltas(Generic[K]):
 
     def forget(self, keys: Iterable[K]) -> None:
         """Drop the rows of keys deleted from the source."""
+        for k in keys:
+            self._prev.pop(k, None)
+
+
+class PackedDeltas(Generic[K]):
+    """CounterDeltas over rows still packed as the source gave them (bytes), for sources read
+    whole every cycle where most rows did not move (a BPF map of 1000 idle containers).
+
+    The same rule as CounterDeltas; a row whose bytes equal the previous reading's has no delta
+    and is never unpacked, so a steady-state reading costs one bytes comparison per key."""
+
+    def __init__(self, unpack: Callable[[bytes], Row]) -> None:
+        self.unpack = unpack
+        self._prev: dict[K, bytes] = {}
+        self._complete = False
+
+    def update(self, current: Mapping[K, bytes]) -> dict[K, Row]:
+        """Feed a complete reading (the mapping is kept, not copied: do not change it after)."""
+        prev, zero_based = self._prev, self._complete
+        unpack = self.unpack
+        deltas: dict[K, Row] = {}
+        for key, cur in current.items():
+            before = prev.get(key)
+            if before == cur:
+                continue
+            if before is None:
+                d = unpack(cur) if zero_based else None
+            else:
+                d = row_delta(unpack(before), unpack(cur))
+            if d is not None and any(d):
+                deltas[key] = d
+        self._prev, self._complete = dict(current) if not isinstance(current, dict) else current, True
+        return deltas
+
+    def __len__(self) -> int:
+        return len(self._prev)
+
+    def keys(self) -> list[K]:
+        return list(self._prev)
+
+    def forget(self, keys: Iterable[K]) -> None:
         for k in keys:
             self._prev.pop(k, None)

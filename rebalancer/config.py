@@ -53,6 +53,8 @@ class RebalancerConfig:
     anti_affinity_annotation: str = setting("perfbalance.io/anti-affinity", "Pod annotation listing containers to keep apart, e.g. 'app=db@numa*0.5; container=cache@core!' ('!': hard).")
     island_headroom: float = setting(0.0, "Extra CPU capacity, as a fraction of smoothed usage, given to a container the allocator places (AVX-512 islands, relocations).", min=0.0, max=4.0)
     size_tolerance_cores: float = setting(0.10, "Usage this close above a whole CPU does not round up to one more CPU (a busy loop measured at 1.03 cores needs 1 CPU).", min=0.0, max=1.0)
+    # SMT
+    smt_speed: float = setting(0.6, "Throughput of one SMT thread, as a fraction of its physical core's, while its sibling thread is busy too (0.6: two busy siblings deliver 1.2 cores of work; 1.0: every hyperthread counts as a full CPU). The cost model charges the rest as lost CPU time, so it prefers separate physical cores for busy containers while idle ones exist.", min=0.05, max=1.0)
     # LLC
     llc_alpha: float = setting(0.5, "Exponent of the miss-rate curve M(C) = M0 (C/C0)^-alpha (the sqrt-2 rule).", min=0.0, max=2.0)
     llc_aggressor_misses_per_second: float = setting(5e6, "Smoothed LLC misses per second above which a container is a cache aggressor.", min=0.0)

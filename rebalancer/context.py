@@ -11,7 +11,8 @@ from perfbalance.model import Snapshot
 from rebalancer.affinity import pairs
 from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import shareable
-from rebalancer.costmodel import CostModel, Evaluation, Layout
+from rebalancer.costmodel import CostModel, Evaluation, Layout, loaded_latency_factor
+from rebalancer.demand import offered
 from rebalancer.health import Health, measure, target_of
 from rebalancer.inputs import View, view
 from rebalancer.latency import Victim, co_load, is_victim, loss, measured_loss, victim_loss
@@ -56,11 +57,13 @@ class Context:
         views = {s.id: view(s, smoothed.get(s.id, {}), config,
                             sandbox_of[s.id].pod if s.id in sandbox_of else "")
                  for s in snapshot.containers}
+        placement = _placement(views, idx)
+        views = offered(views, placement, idx, config, lambda u: loaded_latency_factor(
+            u, config.bandwidth_knee_low, config.bandwidth_knee_high))
         resctrl = snapshot.collectors.get("resctrl")
         rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
         model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt,
                           pairs=pairs((s.container for s in snapshot.containers), config.hint_keys()))
-        placement = _placement(views, idx)
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = _unmovable(views, state, config, now)

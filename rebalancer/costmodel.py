@@ -8,7 +8,8 @@ A placement (container -> CPUs, plus RDT classes) is scored by the CPU time the 
   through the miss-rate curve M(C) = M0 (C/C0)^-a;
 * memory bandwidth: extra stall time of every miss once a NUMA node's bandwidth use passes the
   knee of the loaded-latency curve;
-* CPU: demand the water-filling scheduler model cannot serve (so the planner never crams).
+* CPU: demand the water-filling scheduler model cannot serve (so the planner never crams);
+* SMT: work slowed by a busy sibling thread of the same physical core (rebalancer/smt.py).
 
 Containers with the same cpuset are aggregated into groups, so scoring a placement costs about
 one pass over the CPUs, whatever the number of containers. Formulas: docs/cost-model.md.
@@ -25,6 +26,7 @@ from operator import mul
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
 from rebalancer.sharing import fill_order, water_fill
+from rebalancer import smt
 from rebalancer.affinity import Pair
 from rebalancer.affinity import cost as affinity_cost
 from rebalancer.topoindex import TopoIndex
@@ -136,6 +138,7 @@ class CostModel:
         self.llc_on = bool(self.aggressors and self.llc_victims and
                            (len(idx.l3s) > 1 or aggressor_class))
         self.bw_on = any(v.bandwidth > 0 for v in views.values())
+        self.smt_on = config.smt_speed < 1.0 and idx.threads_per_core() > 1
         self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
         self._node_items_of: dict[frozenset[int], tuple[tuple[int, float], ...]] = {}
         self._node_items_seen: dict[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]] = {}
@@ -216,7 +219,7 @@ class CostModel:
     # -- scoring -----------------------------------------------------------------------------
     def evaluate(self, layout: Layout) -> Evaluation:
         keys = self.ordered(layout)
-        contribs, _ = water_fill([(k, layout.groups[k].u) for k in keys])
+        contribs, loads = water_fill([(k, layout.groups[k].u) for k in keys])
         avx_core, unserved = self._avx_and_cpu(layout, keys, contribs)
         bw_rate = self._bandwidth_rates(layout, keys) if self.bw_on else {}
         stalls = self._llc_stalls(layout, keys) if self.llc_on else {}
@@ -235,6 +238,8 @@ class CostModel:
             bw_sum += bw * (g.m + g.mr)
             cpu_sum += un
         parts = {"avx512": avx_sum, "llc": sum(stalls.values()), "bandwidth": bw_sum, "cpu": cpu_sum}
+        if self.smt_on:
+            parts["smt"] = smt.lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
         return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)

@@ -156,12 +156,27 @@ def _island_targets(ctx: Context, layout: Layout, cohort: list[str],
                      prefer_nodes=prefer)
     if fresh is not None:
         out.append((fresh, cohort))
+    spread = _spread_island(ctx, island, ctx.need_cpus(cohort), prefer, fresh)
+    if spread is not None:
+        out.append((spread, cohort))
     if island and need_all > len(island):
         extra = allocate(ctx.idx, ctx.free - island, need_all - len(island), whole_cores=True,
                          prefer_nodes=prefer)
         if extra is not None:
             out.append((island | extra, residents + cohort))
     return out
+
+
+def _spread_island(ctx: Context, island: frozenset[int], need: int, prefer: list[int],
+                   packed: frozenset[int] | None) -> frozenset[int] | None:
+    """Fresh whole cores, one per CPU of need (its threads on separate physical cores), when
+    SMT sharing is modelled and that differs from the packed island: the cost model weighs the
+    sibling sharing it saves against the room it takes from scalar work (docs/cost-model.md)."""
+    threads = ctx.idx.threads_per_core()
+    if not ctx.model.smt_on or need < 2 or threads < 2:
+        return None
+    got = allocate(ctx.idx, ctx.free - island, need * threads, whole_cores=True, prefer_nodes=prefer)
+    return got if got != packed else None
 
 
 def _prefer_nodes(ctx: Context, cpus: frozenset[int]) -> list[int]:

@@ -5,9 +5,14 @@ scrape at 60 containers). This measures, with the real collectors:
 - bpf_ns_per_event: average run time of each BPF program per event (BPF_ENABLE_STATS, else the
   kernel.bpf_stats_enabled sysctl; fdinfo run_time_ns / run_cnt): `avx512`, `pmu` and runqlat's
   three probes `runqlat_sched_switch`, `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`, each
-  beside its floor (bpf_ns_floor: an empty program on the same tracepoint),
+  beside its floor (bpf_ns_floor: an empty program on the same tracepoint) and its key floor
+  (bpf_ns_key_floor: a program that only reads the cgroup id into a per-CPU slot, the least any
+  per-cgroup attribution costs here); the same under a
+  two-cgroup load (bpf_ns_per_event_two_cgroups: consecutive events on a CPU change cgroup); and
+  the PMU program's split (pmu_ns_split: with_reads, without_reads, reads),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
-  collection cycle of all collectors with 10, 100 and 1000 real cgroups, each holding a `sleep`,
+  collection cycle of all collectors (the agent's five: avx512, perf, cgroup_stats, iostat,
+  runqlat) with 10, 100 and 1000 real cgroups, each holding a `sleep`,
 - perf_fds: perf event fds opened by the PMU collector, at each container count,
 - rss_bytes: resident memory of this process after the run; memory: its RSS, PSS and anonymous
   bytes (smaps_rollup),
@@ -35,12 +40,14 @@ import bpf
 from agent.bench.scrape import measure_scrape, memory
 from agent.bench.start import measure_start
 from collectors import perf
+from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
 from collectors.avx512 import Avx512Collector
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.config import Avx512Config, PerfConfig, RunqlatConfig
+from collectors.iostat import IoStatCollector
 from collectors.runqlat import RunqlatCollector
 from perfbalance.errors import FeatureUnavailable
 from perfbalance.host import HostPaths
@@ -49,6 +56,7 @@ from perfbalance.model import Container
 SIZES = (10, 100, 1000)
 QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
+CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "io")  # what the collectors read (those mounted)
 
 def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
     """Report name -> tracepoint of one BPF program's probes ("runqlat_sched_wakeup" where a
@@ -88,7 +96,10 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
                            "cycle_cpu_seconds": {}, "cycle_cpu_seconds_by_collector": {},
                            "perf_fds_by_containers": {}}
     try:
-        out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"] = bpf_costs(host, collectors, rounds=rounds, seconds=seconds)
+        (out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"],
+         out["bpf_ns_key_floor"]) = _costs(host, collectors, rounds=rounds, seconds=seconds)
+        out["bpf_ns_per_event_two_cgroups"] = two_cgroup_costs(host, fs, collectors, rounds=rounds, seconds=seconds)
+        out["pmu_ns_split"] = pmu_split(host, collectors, rounds=rounds, seconds=seconds)
         for n in sizes:
             with sleeping_cgroups(fs, n) as containers:
                 total, by = cycle_cost(collectors, containers)
@@ -109,11 +120,13 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
 
 
 def start_collectors(host: HostPaths, fs: Cgroupfs) -> list[Any]:
+    keys = KeyMaps(fs, procfs=host.procfs)  # as the agent builds them (agent/snapshot/collectors.py)
     cols: list[Any] = [
-        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs),
-        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs),
+        Avx512Collector(config=Avx512Config(), host=host, cgroupfs=fs, keymaps=keys),
+        perf.make_collector(config=PerfConfig(), host=host, cgroupfs=fs, keymaps=keys),
         CgroupStatsCollector(cgroupfs=fs),
-        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs),
+        IoStatCollector(cgroupfs=fs),
+        RunqlatCollector(config=RunqlatConfig(), host=host, cgroupfs=fs, keymaps=keys),
     ]
     for c in cols:
         c.start()
@@ -137,34 +150,94 @@ def floor_program(tracepoint: tuple[str, str]) -> str:
     return f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{ return 0; }}"
 
 
+def key_floor_program(tracepoint: tuple[str, str]) -> str:
+    """The least a per-cgroup program does: read the cgroup id and add it to a per-CPU slot.
+    What attributing anything to a cgroup costs on this host, beside the empty floor."""
+    return ("BPF_PERCPU_ARRAY(key_floor, u64, 1);\n"
+            f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{\n"
+            "    int idx = 0;\n    u64 *v = key_floor.lookup(&idx);\n"
+            "    if (v)\n        *v += bpf_get_current_cgroup_id();\n    return 0;\n}\n")
+
+
 def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
               seconds: float = 1.0) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     """Median ns per event of each loaded program, and of an empty program on the same
     tracepoint (the floor, per program name)."""
+    return _costs(host, collectors, rounds=rounds, seconds=seconds)[:3]
+
+
+def _costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5, seconds: float = 1.0
+           ) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, float]]:
+    """bpf_costs, plus the key floor (key_floor_program) per program name."""
     progs = loaded_programs(collectors)
+    floors: dict[str, dict[str, float]] = {"floor": {}, "key_floor": {}}
     with stats_enabled(host.procfs):
         ns, events = _measure(host, {n: fd for n, (fd, _) in progs.items()}, rounds, seconds)
-        floor: dict[str, float] = {}
         try:
             env = prepare(host)
             for tp in dict.fromkeys(tp for _, tp in progs.values()):
-                b = env.load(floor_program(tp))
-                try:
-                    cost = _measure(host, {"floor": b.funcs[bpf.probe_function(tp)].fd}, rounds, seconds)[0]
-                finally:
-                    b.cleanup()
-                floor.update({n: cost["floor"] for n, (_, t) in progs.items() if t == tp and "floor" in cost})
+                for kind, text in (("floor", floor_program(tp)), ("key_floor", key_floor_program(tp))):
+                    b = env.load(text)
+                    try:
+                        cost = _measure(host, {kind: b.funcs[bpf.probe_function(tp)].fd}, rounds, seconds)[0]
+                    finally:
+                        b.cleanup()
+                    floors[kind].update({n: cost[kind] for n, (_, t) in progs.items() if t == tp and kind in cost})
         except FeatureUnavailable:
             pass
-    return ns, floor, events
+    return ns, floors["floor"], events, floors["key_floor"]
 
 
-def _measure(host: HostPaths, progs: dict[str, int], rounds: int, seconds: float) -> tuple[dict[str, float], dict[str, int]]:
+def two_cgroup_costs(host: HostPaths, fs: Cgroupfs, collectors: Sequence[Any], *, rounds: int = 5,
+                     seconds: float = 1.0) -> dict[str, float]:
+    """Median ns per event of each loaded program under the two-cgroup load: the busy loop and
+    the sleep loop in two cgroups sharing CPU 0, so that consecutive events on a CPU mostly
+    change cgroup (the case the per-CPU pending counts and the PMU's same-cgroup skip do not help)."""
+    progs = loaded_programs(collectors)
+    parent = f"{PREFIX}-{os.getpid()}-mixed"
+    made = [parent, f"{parent}/busy", f"{parent}/sleepy"]
+    try:
+        for rel in made:
+            fs.create(rel, ("cpuset", "cpu", "cpuacct", "memory"))
+        with stats_enabled(host.procfs):
+            return _measure(host, {n: fd for n, (fd, _) in progs.items()}, rounds, seconds,
+                            load=lambda secs: _two_cgroup_load(fs, made[1], made[2], secs))[0]
+    finally:
+        fs.remove(parent)
+
+
+def pmu_split(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
+              seconds: float = 1.0) -> dict[str, float]:
+    """What the PMU program's counter reads cost: the program as loaded, and the same program
+    built with PB_NO_READS (everything but the reads), side by side under the default load."""
+    perf_col = next((c for c in collectors if c.name == "perf"), None)
+    progs = loaded_programs([perf_col]) if perf_col is not None else {}
+    if "pmu" not in progs:
+        return {}
+    fd, tp = progs["pmu"]
+    try:
+        b = prepare(host).load(bpf.render("pmu", {**getattr(perf_col, "inner", perf_col).defines,
+                                                  "PB_NO_READS": True}))
+    except FeatureUnavailable:
+        return {}
+    try:
+        with stats_enabled(host.procfs):
+            got = _measure(host, {"with_reads": fd, "without_reads": b.funcs[bpf.probe_function(tp)].fd},
+                           rounds, seconds)[0]
+    finally:
+        b.cleanup()
+    if "with_reads" in got and "without_reads" in got:
+        got["reads"] = round(got["with_reads"] - got["without_reads"], 1)
+    return got
+
+
+def _measure(host: HostPaths, progs: dict[str, int], rounds: int, seconds: float,
+             load: Any = None) -> tuple[dict[str, float], dict[str, int]]:
     per: dict[str, list[float]] = {n: [] for n in progs}
     events: dict[str, int] = {n: 0 for n in progs}
     for _ in range(rounds):
         before = {n: prog_stats(host.procfs, fd) for n, fd in progs.items()}
-        _load(seconds)
+        (load or _load)(seconds)
         for n, fd in progs.items():
             t, cnt = (a - b for a, b in zip(prog_stats(host.procfs, fd), before[n]))
             events[n] += cnt
@@ -181,6 +254,22 @@ def _load(seconds: float) -> None:
     load.wait()
     if _alive_group(load.pid):
         os.killpg(load.pid, signal.SIGKILL)
+
+
+def _two_cgroup_load(fs: Cgroupfs, busy: str, sleepy: str, seconds: float) -> None:
+    """The busy shell in one cgroup and the sleep loop in another, both on CPU 0."""
+    def enter(rel: str) -> Any:
+        def f() -> None:
+            fs.attach(rel, os.getpid())
+            os.sched_setaffinity(0, {0})
+        return f
+    procs = [subprocess.Popen(["timeout", "-s", "KILL", str(seconds), "sh", "-c", script],
+                              start_new_session=True, preexec_fn=enter(rel))
+             for rel, script in ((busy, "while :; do :; done"), (sleepy, "while :; do sleep 0.001; done"))]
+    for p in procs:
+        p.wait()
+        if _alive_group(p.pid):
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def _alive_group(pgid: int) -> bool:
@@ -232,17 +321,20 @@ def stats_enabled(procfs: str) -> Iterator[None]:
 
 
 def cycle_cost(collectors: Sequence[Any], containers: Sequence[Container], cycles: int = 3) -> tuple[float, dict[str, float]]:
-    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state)."""
+    """Median CPU time of a steady-state cycle (after a warm-up cycle that builds state); every
+    collector of a cycle gets the same time, as in the agent's loop."""
     up = [c for c in collectors if c.status().up]
+    now = time.time()
     for c in up:
-        c.collect(containers, time.time())
+        c.collect(containers, now)
     samples: list[float] = []
     by: dict[str, list[float]] = {c.name: [] for c in up}
     for _ in range(cycles):
         total = 0.0
+        now = time.time()
         for c in up:
             t0 = time.thread_time()
-            c.collect(containers, time.time())
+            c.collect(containers, now)
             dt = time.thread_time() - t0
             by[c.name].append(dt)
             total += dt
@@ -264,15 +356,16 @@ def _events_note(collectors: Sequence[Any]) -> list[str]:
 
 @contextmanager
 def sleeping_cgroups(fs: Cgroupfs, n: int) -> Iterator[list[Container]]:
-    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup)."""
+    """N cgroups under one parent, each with one `sleep` (cheap: one fork+exec per cgroup), in
+    every hierarchy a container has one in (CONTROLLERS and the unified one)."""
     parent = f"{PREFIX}-{os.getpid()}-{n}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fs.create(parent, ("cpuset", "cpu", "cpuacct", "memory"))
+        fs.create(parent, CONTROLLERS)
         containers = []
         for i in range(n):
             rel = f"{parent}/c{i}"
-            fs.create(rel, ("cpuset", "cpu", "cpuacct", "memory"))
+            fs.create(rel, CONTROLLERS)
             procs.append(subprocess.Popen(["sleep", "3600"], preexec_fn=_attach(fs, rel)))
             containers.append(Container(id=f"c{i}", name=f"c{i}", cgroup=rel))
         yield containers

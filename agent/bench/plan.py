@@ -117,9 +117,12 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, dict[str, float]], plan_c
                 left = res["perfbalance"]["victim_slowdown"] - ideal[r["name"]]["sim"]
             if avoidable > 1e-9:
                 removed[r["name"]] = round((avoidable - left) / avoidable, 4)
+    loss = worse_than_none(rows) if model == "truth" else {}
     extra = {} if model != "truth" else {
         "throughput_gap_to_optimum_observing_truth": observing,
-        "within_5pct_of_optimum_observing_truth": all(g <= 0.05 for g in observing.values())}
+        "within_5pct_of_optimum_observing_truth": all(g <= 0.05 for g in observing.values()),
+        "loss_against_none_where_planner_model_gains": loss,
+        "never_worse_than_none": all(v <= NONE_TOLERANCE for v in loss.values())}
     return {
         "throughput_gap_to_optimum": gap,
         "within_5pct_of_optimum": all(g <= 0.05 for g in gap.values()),
@@ -130,6 +133,23 @@ def goals(rows: list[dict[str, Any]], ideal: dict[str, dict[str, float]], plan_c
         "no_pingpong": pingpong["moves_after_settling"] == 0,
         "plan_1000x256_le_100ms": plan_cpu.get("1000x256", 1.0) <= 0.1,
     }
+
+
+NONE_TOLERANCE = 0.005  # a run is one seed of the independent simulator; half a per cent is below its spread
+
+
+def worse_than_none(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per scenario where the planner-side model says perfbalance's placement beats doing nothing,
+    how much throughput the independent simulator finds it losing against `none` (1 - truth's
+    perfbalance / truth's none), where it does lose."""
+    out = {}
+    for r in rows:
+        sim, tru = r["results"], r["truth"]
+        if sim["perfbalance"]["throughput"] > sim["none"]["throughput"] + 1e-9:
+            lost = 1.0 - tru["perfbalance"]["throughput"] / tru["none"]["throughput"]
+            if lost > 0:
+                out[r["name"]] = round(lost, 4)
+    return out
 
 
 def pair_goals(rows: list[dict[str, Any]], pingpong: dict[str, int]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from agent.config import Config
 from collectors.avx512 import Avx512Collector
 from collectors.base import Collector
+from collectors.bpfenv.keys import KeyMaps
 from perfbalance.cgroupfs import Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector
 from collectors.iostat import IoStatCollector
@@ -21,10 +22,11 @@ from perfbalance.topology import Topology
 
 def make_collectors(config: Config, host: HostPaths, cgfs: Cgroupfs, topology: Topology) -> list[Collector]:
     c = config.collectors
+    keys = KeyMaps(cgfs, procfs=host.procfs)  # the BPF collectors walk the cgroups once per cycle
     return [
         CgroupStatsCollector(cgroupfs=cgfs, enabled=c.cgroup_stats),
         IoStatCollector(cgroupfs=cgfs, enabled=c.iostat),
-        Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs),
-        make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs),
-        RunqlatCollector(config=c.runqlat, host=host, cgroupfs=cgfs),
+        Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs, keymaps=keys),
+        make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs, keymaps=keys),
+        RunqlatCollector(config=c.runqlat, host=host, cgroupfs=cgfs, keymaps=keys),
     ]

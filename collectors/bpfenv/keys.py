@@ -12,12 +12,26 @@ from perfbalance.safefs import read_text
 PROC_CGROUP_MAX_BYTES = 64 << 10  # /proc/<pid>/cgroup: one line per hierarchy
 
 
+class KeyMaps:
+    """One KeyMap per key kind for the BPF collectors of an agent, so that they walk the
+    containers' cgroups once per cycle, not once each."""
+
+    def __init__(self, cgroupfs: Any, *, procfs: str = "/proc") -> None:
+        self.cgroupfs, self.procfs = cgroupfs, procfs
+        self._maps: dict[bool, KeyMap] = {}
+
+    def get(self, *, pid_keys: bool) -> KeyMap:
+        if pid_keys not in self._maps:
+            self._maps[pid_keys] = KeyMap(self.cgroupfs, pid_keys=pid_keys, procfs=self.procfs)
+        return self._maps[pid_keys]
+
+
 class KeyMap:
     """Map keys (v2 cgroup ids, or process ids on v1-only hosts) -> (container id, path).
 
     A container's cgroup id covers its descendants too (crun's `container/` child, CRI-O's
     `exec`): one stat plus one getdents per directory, since readdir returns each child's
-    inode, which is its cgroup id. In pid mode, keys are the processes listed in the container's
+    inode, which is its cgroup id; a leaf cgroup (st_nlink 2 on kernfs) is not listed at all. In pid mode, keys are the processes listed in the container's
     cgroups; map keys not found that way are looked up in /proc/<pid>/cgroup. `path` is what
     must exist for the key to be alive (the cgroup directory, or /proc/<pid>).
     """
@@ -28,8 +42,21 @@ class KeyMap:
         self.refresh_cycles = max(1, refresh_cycles)
         self._cycle = 0
         self._cache: dict[str, tuple[int, list[tuple[int, str]]]] = {}  # rel -> (expiry cycle, keys)
+        self._last: tuple[object, dict[int, tuple[str, str]]] | None = None  # (cycle's signature, walk)
 
-    def build(self, containers: Sequence[Any], map_keys: Iterable[int] = ()) -> dict[int, tuple[str, str]]:
+    def build(self, containers: Sequence[Any], map_keys: Iterable[int] = (), *,
+              now: float | None = None) -> dict[int, tuple[str, str]]:
+        """Keys -> (container id, path). Collectors that share this KeyMap and call it with the
+        same `now` and containers (one agent cycle) share one walk; the result is read-only."""
+        sig = None if now is None else (now, [(c.id, c.cgroup) for c in containers])
+        if sig is not None and self._last is not None and self._last[0] == sig:
+            walked = self._last[1]
+        else:
+            walked = self._walk(containers)
+            self._last = None if sig is None else (sig, walked)
+        return self._by_pid(containers, map_keys, dict(walked)) if self.pid_keys else walked
+
+    def _walk(self, containers: Sequence[Any]) -> dict[int, tuple[str, str]]:
         self._cycle += 1
         out: dict[int, tuple[str, str]] = {}
         for c in containers:
@@ -42,15 +69,19 @@ class KeyMap:
         live = {c.cgroup for c in containers}
         for rel in [r for r in self._cache if r not in live]:
             del self._cache[rel]
-        if self.pid_keys:
-            by_cgroup = {c.cgroup.strip("/"): c.id for c in containers}
-            for k in map_keys:
-                try:
-                    cid = None if k in out else container_of_pid(self.procfs, k, by_cgroup)
-                except ParseError:
-                    continue  # a /proc/<pid>/cgroup beyond its bound: not attributable
-                if cid:
-                    out[k] = (cid, os.path.join(self.procfs, str(k)))
+        return out
+
+    def _by_pid(self, containers: Sequence[Any], map_keys: Iterable[int],
+                out: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
+        """Map keys (pids) not listed in the containers' cgroups, looked up in /proc/<pid>/cgroup."""
+        by_cgroup = {c.cgroup.strip("/"): c.id for c in containers}
+        for k in map_keys:
+            try:
+                cid = None if k in out else container_of_pid(self.procfs, k, by_cgroup)
+            except ParseError:
+                continue  # a /proc/<pid>/cgroup beyond its bound: not attributable
+            if cid:
+                out[k] = (cid, os.path.join(self.procfs, str(k)))
         return out
 
     def _cached_ids(self, rel: str) -> list[tuple[int, str]]:
@@ -66,7 +97,10 @@ class KeyMap:
 
     def _ids(self, rel: str) -> list[tuple[int, str]]:
         top = self.cgroupfs.dir(rel, None)
-        out = [(os.stat(top).st_ino, top)]
+        st = os.stat(top)
+        out = [(st.st_ino, top)]
+        if st.st_nlink == 2:
+            return out  # kernfs keeps st_nlink = 2 + subdirectories: a leaf cgroup, nothing to list
         stack = [(top, 0)]
         while stack:
             path, depth = stack.pop()

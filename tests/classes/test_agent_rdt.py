@@ -6,7 +6,6 @@ class (before the mechanism, RDT fell back to the QoS default)."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import sys
@@ -16,14 +15,12 @@ import pytest
 
 from agentkube import KubeNode, config_text, json_lines
 
-from agent.act.rdt import RdtNode
 from agent.config import parse_config
 from agent.loop import Agent
-from agent.wiring import Parts
 from perfbalance.cgroupfs import Cgroupfs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resctrl"))
-from emulator import Emulator  # noqa: E402
+from rchelpers import emulated_parts, full_emulator  # noqa: E402
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -41,13 +38,8 @@ rebalancer: {enabled: false}
 
 @pytest.fixture
 def emu(tmp_path):
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("resctrl emulator needs /dev/fuse")
-    e = Emulator(tmp_path / "emu", "full").start()
-    try:
+    with full_emulator(tmp_path / "emu") as e:
         yield e
-    finally:
-        e.stop()
 
 
 @pytest.fixture
@@ -57,15 +49,6 @@ def node(api):
         yield k
     finally:
         k.close()
-
-
-def factory(emu):
-    class EmulatedRdt(Parts):
-        def _make_resctrl(self) -> RdtNode:  # resctrl's mount table and caches are the emulator's
-            host = dataclasses.replace(self.host, procfs=str(emu.procfs), sysfs=str(emu.sysfs))
-            return RdtNode(self.config, host, self.cgfs, source="t.yaml")
-
-    return lambda c, n, s: EmulatedRdt(c, n, config_source=s)
 
 
 async def test_rdt_classes_from_annotations_and_a_bad_one_keeps_the_class(emu, node, api, token_file, tmp_path,
@@ -84,7 +67,7 @@ async def test_rdt_classes_from_annotations_and_a_bad_one_keeps_the_class(emu, n
     async def run(cycles: int) -> list[dict]:
         out = io.StringIO()
         agent = Agent(parse_config(text, source="t.yaml", node="pbtest-node"), node="pbtest-node", cycles=cycles,
-                      json_out=out, parts_factory=factory(emu))
+                      json_out=out, parts_factory=emulated_parts(emu))
         assert await agent.run() == 0
         return json_lines(out)
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from collectors.bpfenv import keys
+from collectors import avx512
 from collectors.avx512 import Avx512Collector, Counts, Smoothed, per_container, smooth, window_metrics
 from collectors.config import Avx512Config
 from perfbalance.host import HostPaths
@@ -99,6 +100,25 @@ def test_shell_busy_loop_is_evex256_but_not_avx512(bpf_collector: Avx512Collecto
     m = collect_around(bpf_collector, cgroups, {"sh": bounded(SH_BUSY, 2)})["sh"]
     assert m["evex256_ratio"] > 0 and m["fpu_switches_per_second"] > 0, m
     assert m["avx512_active_ratio"] == 0.0 and m["avx512_heavy"] == 0.0, m
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+@pytest.mark.avx512
+def test_a_change_of_cgroup_on_a_cpu_moves_the_pending_counts_to_the_map(host: HostPaths, cgroups: Cgroups,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no flush by count, a CPU's pending counts reach the map only when another key's event
+    # comes on that CPU: two loops alternating on one CPU both get their counts (and their classes).
+    monkeypatch.setattr(avx512, "FLUSH", 1 << 40)
+    col = Avx512Collector(config=CFG, host=host, cgroupfs=cgroups.fs)
+    try:
+        assert col.start().up and col.defines["PB_FLUSH"] == 1 << 40
+        m = collect_around(col, cgroups, {"numpy": bounded(NUMPY_EXP, 3), "sh": bounded(SH_BUSY, 3)}, cpu=0)
+    finally:
+        col.close()
+    assert m["numpy"]["fpu_switches_per_second"] > 0 and m["sh"]["fpu_switches_per_second"] > 0, m
+    assert m["numpy"]["avx512_active_ratio"] > CFG.threshold_on, m
+    assert m["sh"]["avx512_active_ratio"] == 0.0 and m["sh"]["evex256_ratio"] > 0, m
 
 
 @pytest.mark.root

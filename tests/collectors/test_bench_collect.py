@@ -20,6 +20,10 @@ def test_bench_reports_bpf_cost_cycle_cpu_fds_and_rss(host: HostPaths) -> None:
     assert set(out["bpf_ns_floor"]) == programs
     # one floor per tracepoint: the PMU and runqlat programs share sched_switch's
     assert out["bpf_ns_floor"]["pmu"] == out["bpf_ns_floor"]["runqlat_sched_switch"]
+    assert set(out["bpf_ns_per_event_two_cgroups"]) == programs
+    assert set(out["bpf_ns_key_floor"]) == programs
+    split = out["pmu_ns_split"]  # the program without its counter reads is the cheaper one
+    assert split["without_reads"] < split["with_reads"] and split["reads"] > 0, split
     assert set(out["cycle_cpu_seconds"]) == {"2", "8"} and out["cycle_cpu_seconds"]["8"] > 0
     assert out["perf_fds_by_containers"]["2"] == out["perf_fds_by_containers"]["8"] == out["perf_fds"] > 0
     assert out["rss_bytes"] > 0

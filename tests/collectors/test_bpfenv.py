@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import bpf
+from collector_helpers import Cgroups
 from collectors import doctor
 from collectors.bpfenv import headers, kernel, keys, maps, progstats, tracefs
 from collectors.bpfenv.kernel import KernelVersion
@@ -320,3 +321,32 @@ def test_probe_on_this_host_reports_headers_tracepoints_and_events(host: HostPat
 def test_probe_without_headers_is_unavailable_with_the_reason(no_headers_host: HostPaths) -> None:
     report = doctor.probe(no_headers_host)
     assert not report["available"] and "no kernel headers" in report["reason"]
+
+
+# --- which keys belong to a container ------------------------------------------------------------
+
+@pytest.mark.root
+def test_a_leaf_cgroup_has_its_own_id_and_a_child_made_later_joins_at_the_refresh(cgroups: Cgroups) -> None:
+    fs = cgroups.fs
+    c = cgroups.new("parent")
+    km = keys.KeyMap(fs, pid_keys=False, refresh_cycles=1)
+    top = fs.cgroup_id(c.cgroup)
+    assert km.build([c]) == {top: (c.id, fs.dir(c.cgroup, None))}  # a leaf: st_nlink 2, not listed
+    fs.create(f"{c.cgroup}/container", ())  # crun's child, made after the container was seen
+    child = fs.cgroup_id(f"{c.cgroup}/container")
+    assert km.build([c]) == {top: (c.id, fs.dir(c.cgroup, None)),
+                             child: (c.id, fs.dir(f"{c.cgroup}/container", None))}
+
+
+def test_collectors_sharing_a_key_map_walk_once_per_cycle(tmp_path: Path) -> None:
+    from perfbalance.model import Container
+
+    fs = v2_tree(tmp_path, ["pod/a", "pod/b/container"])
+    km = keys.KeyMaps(fs).get(pid_keys=False)
+    cs = [Container(id="a", cgroup="pod/a"), Container(id="b", cgroup="pod/b")]
+    first = km.build(cs, now=1.0)
+    assert km.build(cs, now=1.0) is first and km._cycle == 1  # the second collector of the cycle
+    assert sorted(cid for cid, _ in first.values()) == ["a", "b", "b"]  # b's child is b's
+    assert km.build(cs, now=2.0) == first and km._cycle == 2  # control: the next cycle walks again
+    assert km.build(cs[:1], now=2.0) != first and km._cycle == 3  # and so do other containers
+    assert keys.KeyMaps(fs).get(pid_keys=False) is not km  # one per agent, not per process

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
+from perfbalance import cgroupfs as cg
 from perfbalance.cgroupfs import CgroupPathRefused, Cgroupfs
 from collectors.cgroupstats import CgroupStatsCollector, FileCache, Reading, metrics
+from perfbalance.errors import ContainerGone
 from perfbalance.model import Container
 
 
@@ -149,3 +152,62 @@ def test_memory_signals_are_read_every_other_cycle_and_reported_every_cycle() ->
     assert reads.count(True) == 1 + (len(reads) - 1) // SLOW_EVERY  # then every SLOW_EVERY cycles
     assert all("memory_bytes" in m and m["psi_memory_some"] == 0.25 for m in out)  # kept between reads
     assert all("cpu_usage_cores" in m for m in out[1:])  # CPU is read every cycle
+
+
+def fresh_reading(col: CgroupStatsCollector, rel: str) -> Reading:
+    """The per-file path: each file opened, read and parsed afresh through Cgroupfs (no kept
+    fds, no bytes compared, nothing reused)."""
+    fs = col.cgroupfs
+    stat = cg.parse_cpu_stat(fs.read(rel, "cpu" if col._cpu_v1 else None, "cpu.stat"))
+    usage = cg.parse_cpuacct_usage(fs.read(rel, "cpuacct", "cpuacct.usage")) if col._usage_v1 else stat.usage_usec
+    psi = cg.parse_psi(fs.read(rel, None, "cpu.pressure")).some_avg10 if col._psi else None
+    return Reading(usage_usec=usage, nr_periods=stat.nr_periods, nr_throttled=stat.nr_throttled,
+                   throttled_usec=stat.throttled_usec, psi_cpu_some=psi)
+
+
+CPU_KEYS = ("cpu_seconds_total", "cpu_usage_cores", "cpu_throttled_seconds_total", "cpu_throttled_ratio",
+            "cpu_throttled_seconds_per_second", "psi_cpu_some")
+
+
+def cpu_part(m: Mapping[str, float]) -> dict[str, float]:
+    return {k: m[k] for k in CPU_KEYS if k in m}
+
+
+@pytest.mark.root
+def test_idle_metrics_equal_the_per_file_path_and_move_when_the_container_burns_cpu(cgroups: Cgroups) -> None:
+    col = CgroupStatsCollector(cgroupfs=cgroups.fs)
+    assert col.start().up
+    idle, busy = cgroups.new("idle"), cgroups.new("busy")
+    for c in (idle, busy):
+        cgroups.run(c, ["sleep", "60"])
+    time.sleep(0.3)  # both sleeping in their cgroups
+    outs = [col.collect([idle, busy], now=100.0 + i) for i in range(5)]
+    ref = {c.id: fresh_reading(col, c.cgroup) for c in (idle, busy)}
+    for c in (idle, busy):
+        assert cpu_part(outs[-1][c.id]) == cpu_part(metrics(ref[c.id], ref[c.id], 1.0))
+    # nothing moved: reused, not re-parsed (memory usage may move while idle, as the kernel
+    # drains per-CPU charge caches, so not every pair of cycles need be identical)
+    assert any(outs[i + 1]["idle"] is outs[i]["idle"] for i in range(len(outs) - 1))
+    cgroups.run(busy, bounded(SH_BUSY, 0.3)).wait(timeout=30)
+    after = col.collect([idle, busy], now=106.0)
+    burnt = fresh_reading(col, busy.cgroup)
+    assert cpu_part(after["busy"]) == cpu_part(metrics(burnt, ref["busy"], 2.0))
+    assert after["busy"]["cpu_usage_cores"] > 0.05 and after["busy"] != outs[-1]["busy"]  # control: it moved
+
+
+@pytest.mark.root
+def test_a_group_of_kept_files_reads_what_each_file_reads_and_nothing_once_the_cgroup_is_gone(cgroups: Cgroups) -> None:
+    c = cgroups.new("grouped")
+    files = FileCache(cgroups.fs, capacity=10)
+    names = [("cpuacct", "cpuacct.usage"), ("cpu", "cpu.stat")]
+    try:
+        assert files.read_group(c.cgroup, 0, names) is None  # not open yet: read them one by one
+        each = [files.read_bytes(c.cgroup, ctl, name) for ctl, name in names]
+        assert files.read_group(c.cgroup, 0, names) == each
+        cgroups.fs.remove(c.cgroup)
+        assert files.read_group(c.cgroup, 0, names) is None  # control: gone, and said so one by one
+        with pytest.raises(ContainerGone):
+            files.read_bytes(c.cgroup, *names[0])
+        assert files.read_group(c.cgroup, 0, names) is None
+    finally:
+        files.close()

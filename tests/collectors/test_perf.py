@@ -86,8 +86,16 @@ def test_without_a_pmu_hardware_events_fall_back_to_software_events() -> None:
     if perf.probe_events(["cycles"])["cycles"] == "ok":
         pytest.skip("this host has a hardware PMU")
     events, notes = perf.choose_events(ev.parse_events(["instructions", "cycles"]))
-    assert [e.name for e in events] == ["task_clock", "context_switches", "cpu_migrations"]
+    assert [e.name for e in events] == ["task_clock"]  # no software event feeds the planner
     assert any("no hardware PMU" in n for n in notes)
+
+
+def test_only_the_events_asked_for_are_read() -> None:
+    # Every event is a counter read at each switch that changes cgroup: none is added unasked.
+    events, _ = perf.choose_events(ev.parse_events(["context_switches"]))
+    assert [e.name for e in events] == ["context_switches"]
+    assert "llc_references" not in PerfConfig().events
+    assert set(PerfConfig().events) == {"instructions", "cycles", "llc_misses"}  # what derive() uses
 
 
 @pytest.mark.root
@@ -125,6 +133,42 @@ def test_bpf_attribution_credits_busy_cgroup_with_its_cpu_time(host: HostPaths, 
     assert kernel > 0.5  # the loop really ran
     assert got["busy"]["task_clock_seconds_total"] == pytest.approx(kernel, rel=0.10)
     assert got["busy"]["context_switches_total"] > 0
+
+
+def two_loops_on_one_cpu(col: perf.BpfPerfCollector, cgroups: Cgroups, *, same: bool) -> dict[str, object]:
+    """Two busy loops sharing CPU 0, in one cgroup (same) or in two."""
+    tag = "same" if same else "apart"
+    a = cgroups.new(f"{tag}-a")
+    b = a if same else cgroups.new(f"{tag}-b")
+    group = [a] if same else [a, b]
+    col.collect(group, time.time())
+    before = col.switches(cpu=0)
+    procs = [cgroups.run(a, bounded(SH_BUSY, 2), cpu=0), cgroups.run(b, bounded(SH_BUSY, 2), cpu=0)]
+    for p in procs:
+        p.wait(timeout=60)
+    got = col.collect(group, time.time())
+    after = col.switches(cpu=0)
+    return {"metrics": got, "kernel": {c.id: cgroups.cpuacct_seconds(c) for c in group},
+            "read": after[0] - before[0], "skipped": after[1] - before[1]}
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_switches_within_one_cgroup_read_no_counters_and_attribution_stays_exact(host: HostPaths, cgroups: Cgroups) -> None:
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        same = two_loops_on_one_cpu(col, cgroups, same=True)
+        apart = two_loops_on_one_cpu(col, cgroups, same=False)  # control: every switch changes cgroup
+    finally:
+        col.close()
+    # the two loops of one cgroup switch between each other every time slice: no read there
+    assert same["skipped"] > 100 and same["skipped"] > apart["skipped"], (same, apart)
+    # and the skipped switches lose nothing: each cgroup is credited with what the kernel counted
+    for case in (same, apart):
+        for cid, seconds in case["kernel"].items():  # type: ignore[union-attr]
+            assert seconds > 0.5
+            assert case["metrics"][cid]["task_clock_seconds_total"] == pytest.approx(seconds, rel=0.10), case
 
 
 @pytest.mark.root
@@ -234,3 +278,21 @@ def test_auto_mode_without_bpf_falls_back_to_per_cgroup_events(no_headers_host: 
 def test_off_mode_is_down_and_says_why(host: HostPaths) -> None:
     st = perf.make_collector(config=PerfConfig(mode="off"), host=host, cgroupfs=None).start()
     assert not st.up and "off" in st.reason
+
+
+def test_idle_containers_metrics_are_the_full_computation_s_and_reused_while_idle() -> None:
+    col = perf.BpfPerfCollector(config=PerfConfig(), host=HostPaths(), cgroupfs=None)
+    col.events = (ev.KNOWN["task_clock"], ev.KNOWN["context_switches"])
+    zero = perf.Raw(counter=(0, 0), enabled=(0, 0), running=(0, 0))
+    moved = perf.Raw(counter=(1_000_000, 3), enabled=(10, 10), running=(5, 10))
+    a, b = Container(id="a", cgroup="a"), Container(id="b", cgroup="b")
+    totals: dict[str, dict[str, float]] = {}
+    got = []
+    for window, raws in [(0.0, {"a": moved}), (1.0, {"b": moved}), (2.0, {}), (1.5, {"a": moved})]:
+        got.append(col._metrics([a, b], raws, window))
+        for c in ("a", "b"):  # what every container's metrics were before idle ones were reused
+            counts = perf.window_counts(col.events, raws.get(c, zero))
+            totals[c] = perf.accumulate(totals.get(c, {}), counts)
+            assert got[-1][c] == perf.derive(col.events, counts, totals[c], window), (window, c)
+    assert got[2]["a"] is got[1]["a"]  # idle twice: the same metrics
+    assert got[3]["a"] != got[2]["a"] and got[3]["a"]["task_clock_seconds_per_second"] > 0  # control: it ran

@@ -76,7 +76,7 @@ def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_p
         assert p.text == bpf.render(p.name, want[p.name])
         assert f"-DPB_MAX_KEYS={want[p.name]['PB_MAX_KEYS']}" in p.cflags
     text = doctor.dump_text(programs)
-    assert "cflags: -DPB_MAX_KEYS=128" in text and bpf.template("runqlat") in text
+    assert "cflags: -DPB_FLUSH=32 -DPB_MAX_KEYS=128" in text and bpf.template("runqlat") in text
 
 
 def test_dump_bpf_keys_by_process_where_no_v2_hierarchy_exists(tmp_path) -> None:

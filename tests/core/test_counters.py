@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from perfbalance.counters import CounterDeltas, row_delta
+import struct
+
+from perfbalance.counters import CounterDeltas, PackedDeltas, row_delta
 
 
 def test_the_first_complete_reading_is_a_baseline_not_a_delta() -> None:
@@ -55,3 +57,21 @@ def test_a_single_counter_that_went_backwards_counts_its_new_value() -> None:
 
 def test_a_row_of_another_width_was_re_created() -> None:
     assert row_delta((5, 5), (1, 2, 3)) == (1, 2, 3)
+
+
+def test_packed_rows_follow_the_same_rule_as_unpacked_ones() -> None:
+    fmt = struct.Struct("=2Q")
+    packed, plain = PackedDeltas[int](fmt.unpack), CounterDeltas[int]()
+    readings = [{1: (5, 5)}, {1: (5, 5), 2: (3, 0)}, {1: (7, 5), 2: (1, 0)}, {2: (1, 0)}, {2: (4, 1), 1: (1, 1)}]
+    for rows in readings:
+        assert packed.update({k: fmt.pack(*v) for k, v in rows.items()}) == plain.update(rows)
+    assert packed.keys() == plain.keys()
+
+
+def test_packed_rows_baseline_then_zero_based_then_reset() -> None:
+    fmt = struct.Struct("=2Q")
+    d = PackedDeltas[int](fmt.unpack)
+    assert d.update({1: fmt.pack(5, 5)}) == {}  # the first reading is a baseline
+    assert d.update({1: fmt.pack(5, 5), 2: fmt.pack(3, 0)}) == {2: (3, 0)}  # a new key counts from zero
+    assert d.update({1: fmt.pack(7, 5), 2: fmt.pack(1, 0)}) == {1: (2, 0), 2: (1, 0)}  # 2 went back: reset
+    assert d.update({2: fmt.pack(1, 0)}) == {} and d.keys() == [2]  # a missing key is forgotten

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -21,14 +20,12 @@ import pytest
 from agent.config import parse_config
 from agent.loop import Agent
 from agent.wiring import Parts
-from agent.act.rdt import RdtNode
 from perfbalance.cgroupfs import Cgroupfs
 from perfbalance.model import Action, Plan
 from rebalancer.planner import POLICY as COSTMODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resctrl"))
-from emulator import Emulator  # noqa: E402
-from rchelpers import Threaded  # noqa: E402
+from rchelpers import Threaded, emulated_parts, full_emulator  # noqa: E402
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -49,13 +46,8 @@ resctrl:
 
 @pytest.fixture
 def emu(tmp_path):
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("resctrl emulator needs /dev/fuse")
-    e = Emulator(tmp_path / "emu", "full").start()
-    try:
+    with full_emulator(tmp_path / "emu") as e:
         yield e
-    finally:
-        e.stop()
 
 
 @pytest.fixture
@@ -84,17 +76,7 @@ async def test_agent_puts_containers_in_rdt_classes_on_the_emulator(emu, besteff
     (tmp_path / "emu").mkdir(exist_ok=True)
     config = parse_config(CONFIG.format(run_dir=tmp_path / "run"), source="t.yaml", node="n")
     made: list[Parts] = []
-
-    class EmulatedRdt(Parts):
-        def _make_resctrl(self) -> RdtNode:  # resctrl's mount table and caches are the emulator's
-            host = dataclasses.replace(self.host, procfs=str(emu.procfs), sysfs=str(emu.sysfs))
-            return RdtNode(self.config, host, self.cgfs, source="t.yaml")
-
-    def factory(c, n, s):
-        made.append(EmulatedRdt(c, n, config_source=s))
-        return made[0]
-
-    agent = Agent(config, node="n", cycles=2, json_out=io.StringIO(), parts_factory=factory)
+    agent = Agent(config, node="n", cycles=2, json_out=io.StringIO(), parts_factory=emulated_parts(emu, made))
     assert await agent.run() == 0
     mount = Path(emu.mount)
     assert "L3:0=" in (mount / "perfbalance.gold" / "schemata").read_text()
@@ -134,7 +116,7 @@ async def test_a_planner_rdt_class_choice_survives_an_agent_restart(emu, besteff
     monkeypatch.setattr("rebalancer.plan", scripted)
 
     def run(cycles: int) -> Agent:
-        return Agent(config, node="n", cycles=cycles, json_out=io.StringIO(), parts_factory=emulated(emu))
+        return Agent(config, node="n", cycles=cycles, json_out=io.StringIO(), parts_factory=emulated_parts(emu))
 
     def tasks(cls: str) -> set[int]:
         return {int(t) for t in (mount / f"perfbalance.{cls}" / "tasks").read_text().split()}
@@ -151,14 +133,3 @@ async def test_a_planner_rdt_class_choice_survives_an_agent_restart(emu, besteff
     (sample,) = [s for s in report.snapshot.containers if s.id == cid]
     assert sample.container.rdt_class == "gold"
     assert set(proc.tids()) <= tasks("gold") and not set(proc.tids()) & tasks("bulk")
-
-
-def emulated(emu):
-    """A parts factory whose resctrl mount table and caches are the emulator's."""
-
-    class EmulatedRdt(Parts):
-        def _make_resctrl(self) -> RdtNode:
-            host = dataclasses.replace(self.host, procfs=str(emu.procfs), sysfs=str(emu.sysfs))
-            return RdtNode(self.config, host, self.cgfs, source="t.yaml")
-
-    return lambda c, n, s: EmulatedRdt(c, n, config_source=s)

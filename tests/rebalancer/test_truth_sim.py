@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,6 +185,19 @@ def test_goals_by_truth_use_truths_numbers_and_say_when_one_is_missed() -> None:
     assert by_truth["throughput_gap_to_optimum"] == {"avx512_vs_scalar": 0.0833}
     assert not by_truth["within_5pct_of_optimum"]
     assert by_sim["avx512_slowdown_removed"] == {"avx512_vs_scalar": 1.0} and by_sim["avx512_90pct_removed"]
+
+
+def test_a_gain_the_planner_model_claims_and_truth_refutes_is_a_loss_against_none() -> None:
+    def row(name: str, sim: tuple[float, float], tru: tuple[float, float]) -> dict[str, Any]:
+        return {"name": name, "results": {"none": {"throughput": sim[0]}, "perfbalance": {"throughput": sim[1]},
+                                          "optimum": None},
+                "truth": {"none": {"throughput": tru[0]}, "perfbalance": {"throughput": tru[1]}, "optimum": None}}
+    rows = [row("refuted", (7.0, 7.4), (6.9, 6.7)), row("confirmed", (7.0, 7.4), (6.9, 7.1)),
+            row("no_claim", (7.0, 7.0), (6.9, 6.7)), row("within_noise", (7.0, 7.4), (6.9, 6.89))]
+    assert bench_plan.worse_than_none(rows) == {"refuted": 0.029, "within_noise": 0.0014}
+    g = bench_plan.goals(rows, {}, {}, {"moves_after_settling": 0})
+    assert not g["never_worse_than_none"]
+    assert bench_plan.goals(rows[1:], {}, {}, {"moves_after_settling": 0})["never_worse_than_none"]
 
 
 def test_the_planner_settles_on_truths_observations() -> None:

@@ -2,16 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
+from agent.act.rdt import RdtNode
+from agent.wiring import Parts
 from emulator import Emulator
 from perfbalance.settings import build
 from resctrl.config import ResctrlConfig
 from resctrl.setup import ResctrlSetup, open_resctrl
+
+@contextmanager
+def full_emulator(path: Path) -> Iterator[Emulator]:
+    """The emulator of a full RDT machine at `path`, stopped on the way out (skip without FUSE)."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("resctrl emulator needs /dev/fuse")
+    e = Emulator(path, "full").start()
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def emulated_parts(emu: Emulator, made: list[Parts] | None = None) -> Callable[..., Parts]:
+    """An agent parts factory whose resctrl mount table and caches are the emulator's; each part
+    built is appended to `made` when given."""
+
+    class EmulatedRdt(Parts):
+        def _make_resctrl(self) -> RdtNode:
+            host = dataclasses.replace(self.host, procfs=str(emu.procfs), sysfs=str(emu.sysfs))
+            return RdtNode(self.config, host, self.cgfs, source="t.yaml")
+
+    def factory(c: Any, n: Any, s: Any) -> Parts:
+        part = EmulatedRdt(c, n, config_source=s)
+        if made is not None:
+            made.append(part)
+        return part
+
+    return factory
+
 
 THREADS_SRC = """
 import sys, threading, time

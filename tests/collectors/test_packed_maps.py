@@ -1,0 +1,116 @@
+"""Packed BPF map reads (one batch lookup, entries left as bytes) agree with bcc's entry-by-entry
+read on a real map, and the deltas of the two paths are the same."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from collector_helpers import SH_BUSY, Cgroups, bounded
+from collectors.bpfenv.loader import prepare
+from collectors.bpfenv.maps import CountingMap, PackedTable, packed_words, read_table
+from perfbalance.host import HostPaths
+
+FIELDS = ("n", "per")
+TP, FN = b"sched:sched_switch", b"tracepoint__sched__sched_switch"
+PROGRAM = """
+struct row { u64 n; u64 per[3]; };
+BPF_HASH(counts, u64, struct row, 1024);
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 key = bpf_get_current_cgroup_id();
+    struct row zero = {};
+    struct row *r = counts.lookup_or_try_init(&key, &zero);
+    if (r) { __sync_fetch_and_add(&r->n, 1); __sync_fetch_and_add(&r->per[2], 2); }
+    return 0;
+}
+"""
+
+
+@pytest.fixture
+def loaded(host: HostPaths) -> Iterator[Any]:
+    b = prepare(host).load(PROGRAM)
+    try:
+        yield b
+    finally:
+        b.cleanup()
+
+
+def burn(cgroups: Cgroups, b: Any, secs: float = 0.3) -> int:
+    """A busy loop in a new cgroup while the program is attached, then detached (the map holds
+    still); the cgroup's v2 id, its map key."""
+    c = cgroups.new("busy")
+    cgroups.run(c, bounded(SH_BUSY, secs)).wait(timeout=30)
+    b.detach_tracepoint(tp=TP)
+    return int(cgroups.fs.cgroup_id(c.cgroup))
+
+
+def attach(b: Any) -> None:
+    b.attach_tracepoint(tp=TP, fn_name=FN)
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_packed_read_equals_the_entry_by_entry_read_of_a_real_map(loaded: Any, cgroups: Cgroups) -> None:
+    key = burn(cgroups, loaded)
+    table = loaded[b"counts"]
+    packed = PackedTable.of(table, FIELDS)
+    assert packed is not None
+    got = {k: packed.unpack(v) for k, v in packed.read().items()}
+    assert got == read_table(table, batch=False, fields=FIELDS)
+    assert got[key][0] > 0 and got[key][1:] == (0, 0, 2 * got[key][0])
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_packed_and_entry_by_entry_deltas_agree_and_only_the_busy_cgroup_moved(loaded: Any, cgroups: Cgroups) -> None:
+    burn(cgroups, loaded)
+    table = loaded[b"counts"]
+    fast = CountingMap(table, fields=FIELDS, batch=True, max_keys=1024)
+    slow = CountingMap(table, fields=FIELDS, batch=False, max_keys=1024)
+    assert fast.packed is not None and slow.packed is None
+    assert fast.deltas() == slow.deltas() == {}  # control: the map held still, nothing moved
+    attach(loaded)
+    key = burn(cgroups, loaded)
+    moved = fast.deltas()
+    assert moved == slow.deltas()
+    assert moved[key][0] > 0 and set(moved) <= set(read_table(table, batch=False, fields=FIELDS))
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_a_failing_packed_read_falls_back_to_entry_by_entry_with_one_line(
+        loaded: Any, cgroups: Cgroups, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = burn(cgroups, loaded)
+    m = CountingMap(loaded[b"counts"], fields=FIELDS, batch=True, max_keys=1024, name="counts")
+    assert m.packed is not None
+
+    def refused() -> dict[int, bytes]:
+        raise OSError(errno.EINVAL, "BPF_MAP_LOOKUP_BATCH: EINVAL")
+
+    monkeypatch.setattr(m.packed, "read", refused)
+    with caplog.at_level(logging.WARNING):
+        assert m.deltas() == {}  # a new baseline, read entry by entry
+        attach(loaded)
+        burn(cgroups, loaded)
+        assert m.deltas()  # and it keeps counting
+    assert m.packed is None and key in m._delta.keys()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "BPF map counts" in lines[0] and "EINVAL" in lines[0], lines
+
+
+def test_a_value_with_a_field_that_is_not_u64_is_read_entry_by_entry() -> None:
+    class Mixed(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_uint64), ("per", ctypes.c_uint32 * 2)]
+
+    class Plain(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_uint64), ("per", ctypes.c_uint64 * 2)]
+
+    assert packed_words(Mixed, FIELDS) is None
+    assert packed_words(Plain, ("per", "n")) is None  # fields in another order than asked
+    assert packed_words(Plain, FIELDS) == 3
+
