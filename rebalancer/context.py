@@ -155,8 +155,11 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
     problems: list[str] = []
     targets: dict[str, float] = {}
     usage = {cid: v.usage for cid, v in views.items()}
+    selectors = config.latency_targets
     for s in snapshot.containers:
-        target, problem = target_of(s.container, config.latency_targets, default=config.latency_sensitive_target)
+        # a target comes from an annotation or a selector: without either there is none
+        target, problem = (target_of(s.container, selectors, default=config.latency_sensitive_target)
+                           if selectors or s.container.annotations else (None, ""))
         if problem:
             problems.append(problem)
         if target is not None:

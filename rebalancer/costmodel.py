@@ -131,7 +131,8 @@ class CostModel:
         self.pairs = pairs  # affinity / anti-affinity (rebalancer.affinity)
         self.loss = config.license_loss(idx.cpu_model)
         self.aggressor_class = aggressor_class
-        self.aggressors = frozenset(v.id for v in views.values() if self._is_aggressor(v))
+        least = config.llc_aggressor_misses_per_second  # the first test of _is_aggressor, inline
+        self.aggressors = frozenset(v.id for v in views.values() if v.misses >= least and self._is_aggressor(v))
         self.llc_victims = frozenset(
             v.id for v in views.values()
             if v.id not in self.aggressors and v.misses > 0 and v.mpki >= config.llc_victim_mpki)
