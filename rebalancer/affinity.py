@@ -42,7 +42,7 @@ def pairs(containers: Iterable[Container], keys: HintKeys) -> tuple[Pair, ...]:
     cs = sorted(containers, key=lambda c: c.id)
     out: list[Pair] = []
     for c in cs:
-        for t in affinity_terms(c, keys):
+        for t in affinity_terms(c, keys) if c.annotations else ():  # terms are annotations
             out += [_pair(c.id, o.id, t) for o in cs if o.id != c.id and t.matches(o)]
             if len(out) >= MAX_PAIRS:
                 return tuple(out[:MAX_PAIRS])

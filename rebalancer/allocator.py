@@ -24,10 +24,23 @@ from rebalancer.topoindex import CoreKey, TopoIndex
 
 def allocate(idx: TopoIndex, free: Iterable[int], count: int, *, whole_cores: bool = False,
              prefer_nodes: Sequence[int] = (), high_priority: bool = False) -> frozenset[int] | None:
-    """`count` CPUs from `free` (rounded up to whole cores if `whole_cores`), or None."""
+    """`count` CPUs from `free` (rounded up to whole cores if `whole_cores`), or None.
+
+    Remembered per planning call (in `idx.memo`): the candidates of one cycle ask the same
+    question many times (every container of a pool relocated to the same node, each greedy
+    round again), and the answer depends on nothing else."""
     avail = frozenset(free) & idx.online
     if count <= 0 or len(avail) < count:
         return None
+    key = ("allocate", avail, count, whole_cores, tuple(prefer_nodes), high_priority)
+    if key in idx.memo:
+        return idx.memo[key]  # type: ignore[return-value]
+    got = idx.memo[key] = _allocate(idx, avail, count, whole_cores, prefer_nodes, high_priority)
+    return got
+
+
+def _allocate(idx: TopoIndex, avail: frozenset[int], count: int, whole_cores: bool,
+              prefer_nodes: Sequence[int], high_priority: bool) -> frozenset[int] | None:
     exact = _exact_domain(idx, avail, count, prefer_nodes)
     if exact is not None:
         return exact

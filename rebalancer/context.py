@@ -44,6 +44,8 @@ class Context:
     problems: tuple[str, ...] = ()  # bad latency annotations, one line each
     targets: Mapping[str, float] = field(default_factory=dict)  # container -> run-queue p99 target, s
     base_load: float = 0.05  # b of the run-queue wait model (see unseen_load)
+    # values derived from this context alone, remembered for the call (e.g. need_cpus per ids)
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
@@ -64,7 +66,7 @@ class Context:
                           pairs=pairs((s.container for s in snapshot.containers), config.hint_keys()))
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
-        unmovable = {cid: why for cid in sorted(views) if (why := _blocked(views[cid], state, config, now))}
+        unmovable = _unmovable(views, state, config, now)
         health, victims, problems, targets = _victims(snapshot, config, smoothed, base, views)
         return cls(heavy=tuple(sorted(cid for cid, v in views.items() if v.heavy)), unmovable=unmovable,
                    sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
@@ -110,6 +112,13 @@ class Context:
         sandbox moved alone keeps the size of its floating vCPUs' mask (its guest was built for
         that many CPUs; Kata's pod sandbox container holding the VMM does not widen it).
         """
+        key = ("need", *ids)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._need_cpus(ids)
+        return hit  # type: ignore[return-value]
+
+    def _need_cpus(self, ids: list[str]) -> int:
         cfg = self.config
         vms = {self.sandbox_of[c].pod: self.sandbox_of[c] for c in ids if c in self.sandbox_of}
         plain = [c for c in ids if c not in self.sandbox_of]
@@ -146,8 +155,11 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
     problems: list[str] = []
     targets: dict[str, float] = {}
     usage = {cid: v.usage for cid, v in views.items()}
+    selectors = config.latency_targets
     for s in snapshot.containers:
-        target, problem = target_of(s.container, config.latency_targets, default=config.latency_sensitive_target)
+        # a target comes from an annotation or a selector: without either there is none
+        target, problem = (target_of(s.container, selectors, default=config.latency_sensitive_target)
+                           if selectors or s.container.annotations else (None, ""))
         if problem:
             problems.append(problem)
         if target is not None:
@@ -160,6 +172,17 @@ def _victims(snapshot: Snapshot, config: RebalancerConfig, smoothed: Mapping[str
         if is_victim(h, target, config.victim_health_threshold, load0=load0, cpus=len(base.placement[s.id])):
             victims[s.id] = Victim(id=s.id, health=h, target=target, load0=load0)
     return health, victims, tuple(problems), targets
+
+
+def _unmovable(views: Mapping[str, View], state: PlannerState, config: RebalancerConfig,
+               now: float) -> dict[str, str]:
+    """Container -> why it may not move now, in id order; without dwell times or cooldowns in
+    the state (a first plan, a quiet node) only the exclusive containers are looked at."""
+    if state.cooldown_until or state.moved_at:
+        ids: list[str] = sorted(views)
+    else:
+        ids = sorted(cid for cid, v in views.items() if v.exclusive)
+    return {cid: why for cid in ids if (why := _blocked(views[cid], state, config, now))}
 
 
 def _blocked(v: View, state: PlannerState, config: RebalancerConfig, now: float) -> str:

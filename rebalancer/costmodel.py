@@ -18,7 +18,10 @@ one pass over the CPUs, whatever the number of containers. Formulas: docs/cost-m
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import mul
 
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
@@ -74,22 +77,41 @@ class Layout:
             new_classes = dict(new_classes)
             new_classes.update(classes)
         groups = dict(self.groups)
-        touched = set(cpus) | set(classes or {})
-        leaving: dict[frozenset[int], set[str]] = {}
-        joining: dict[frozenset[int], set[str]] = {}
+        touched = set(cpus)
+        if classes:
+            touched.update(classes)
+        old_place = self.placement
+        leaving = dict.fromkeys(old_place[cid] for cid in touched)
+        joining: dict[frozenset[int], list[str]] = {}
         for cid in touched:
-            leaving.setdefault(self.placement[cid], set()).add(cid)
-            joining.setdefault(placement[cid], set()).add(cid)
+            joining.setdefault(placement[cid], []).append(cid)
         for k in leaving.keys() | joining.keys():
-            old = groups[k].members if k in groups else []
-            gone = leaving.get(k)
-            ids = [m for m in old if m not in gone] if gone else list(old)
-            ids += joining.get(k, ())
+            g = groups.get(k)
+            old = g.members if g is not None else []
+            # a member of k that is touched leaves k (and joins again if its target is k)
+            ids = _without(old, touched) if k in leaving else list(old)
+            joined = joining.get(k)
+            if joined:
+                ids += joined
             if ids:
-                groups[k] = model.build_group(ids, new_classes)
+                # old members are sorted (build_group sorts): without joiners they still are
+                groups[k] = model.build_group(ids, new_classes, is_sorted=not joined)
             else:
                 groups.pop(k, None)
         return Layout(placement=placement, classes=new_classes, groups=groups)
+
+
+def _without(members: list[str], gone: set[str]) -> list[str]:
+    """Sorted `members` less `gone`: a few found by bisection (a pool of a thousand loses one
+    container per candidate), many by one pass."""
+    if len(gone) > 8:
+        return [m for m in members if m not in gone]
+    out = members
+    for cid in gone:
+        i = bisect_left(out, cid)
+        if i < len(out) and out[i] == cid:
+            out = out[:i] + out[i + 1:]
+    return out if out is not members else list(members)
 
 
 @dataclass(slots=True)
@@ -109,7 +131,8 @@ class CostModel:
         self.pairs = pairs  # affinity / anti-affinity (rebalancer.affinity)
         self.loss = config.license_loss(idx.cpu_model)
         self.aggressor_class = aggressor_class
-        self.aggressors = frozenset(v.id for v in views.values() if self._is_aggressor(v))
+        least = config.llc_aggressor_misses_per_second  # the first test of _is_aggressor, inline
+        self.aggressors = frozenset(v.id for v in views.values() if v.misses >= least and self._is_aggressor(v))
         self.llc_victims = frozenset(
             v.id for v in views.values()
             if v.id not in self.aggressors and v.misses > 0 and v.mpki >= config.llc_victim_mpki)
@@ -118,6 +141,8 @@ class CostModel:
         self.bw_on = any(v.bandwidth > 0 for v in views.values())
         self.smt_on = config.smt_speed < 1.0 and idx.threads_per_core() > 1
         self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
+        self._node_items_of: dict[frozenset[int], tuple[tuple[int, float], ...]] = {}
+        self._node_items_seen: dict[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]] = {}
         self._k0: dict[str, float] = {}
         self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], Group] = {}
@@ -142,9 +167,10 @@ class CostModel:
         groups = {k: self.build_group(ids, classes) for k, ids in members.items()}
         return Layout(placement=dict(placement), classes=dict(classes), groups=groups)
 
-    def build_group(self, ids: Iterable[str], classes: Mapping[str, str]) -> Group:
-        """Sum the members' inputs in sorted order (so equal layouts score bit-identically)."""
-        members = tuple(sorted(ids))
+    def build_group(self, ids: Iterable[str], classes: Mapping[str, str], *, is_sorted: bool = False) -> Group:
+        """Sum the members' inputs in sorted order (so equal layouts score bit-identically).
+        `is_sorted`: `ids` already are."""
+        members = tuple(ids) if is_sorted else tuple(sorted(ids))
         restricted = tuple(c for c in members if classes.get(c) == self.aggressor_class) \
             if self.aggressor_class else ()
         key = (members, restricted)
@@ -154,22 +180,10 @@ class CostModel:
         return hit
 
     def _sum_group(self, members: tuple[str, ...], classes: Mapping[str, str]) -> Group:
-        # one pass over precomputed per-container tuples, in member order (the same additions,
-        # in the same order, as summing the views' fields one by one)
-        u = au = m = mr = b = 0.0
-        req = 0
         agg = self.aggressor_class
-        inputs = self._inputs
-        for cid in members:
-            vu, vau, vm, vb, vreq = inputs[cid]
-            restricted = bool(agg) and classes.get(cid) == agg
-            u += vu
-            au += vau
-            mr += vm if restricted else 0.0
-            m += 0.0 if restricted else vm
-            b += vb
-            req += vreq
-        return Group(members=list(members), u=u, au=au, m=m, mr=mr, b=b, req=req)
+        if agg and any(classes.get(cid) == agg for cid in members):
+            return sum_each(self._inputs, members, frozenset(c for c in members if classes.get(c) == agg))
+        return sum_plain(self._inputs, members)
 
     def set_baseline(self, layout: Layout) -> None:
         """Record each LLC victim's modelled cache share in the measured placement (C0)."""
@@ -211,16 +225,20 @@ class CostModel:
         bw_rate = self._bandwidth_rates(layout, keys) if self.bw_on else {}
         stalls = self._llc_stalls(layout, keys) if self.llc_on else {}
         rates: dict[frozenset[int], tuple[float, float, float]] = {}
-        parts = {"avx512": 0.0, "llc": sum(stalls.values()), "bandwidth": 0.0, "cpu": 0.0}
+        avx_sum = bw_sum = cpu_sum = 0.0  # each part summed from 0.0 in fill order
+        groups, avx_of, bw_of, un_of = layout.groups, avx_core.get, bw_rate.get, unserved.get
         for k in keys:
-            g = layout.groups[k]
-            scalar = g.u - g.au
-            avx_rate = avx_core.get(k, 0.0) / scalar if scalar > 1e-12 else 0.0
-            un = unserved.get(k, 0.0)
-            rates[k] = (avx_rate, bw_rate.get(k, 0.0), un / g.u if g.u > 1e-12 else 0.0)
-            parts["avx512"] += avx_core.get(k, 0.0)
-            parts["bandwidth"] += bw_rate.get(k, 0.0) * (g.m + g.mr)
-            parts["cpu"] += un
+            g = groups[k]
+            u = g.u
+            scalar = u - g.au
+            lost = avx_of(k, 0.0)
+            bw = bw_of(k, 0.0)
+            un = un_of(k, 0.0)
+            rates[k] = (lost / scalar if scalar > 1e-12 else 0.0, bw, un / u if u > 1e-12 else 0.0)
+            avx_sum += lost
+            bw_sum += bw * (g.m + g.mr)
+            cpu_sum += un
+        parts = {"avx512": avx_sum, "llc": sum(stalls.values()), "bandwidth": bw_sum, "cpu": cpu_sum}
         if self.smt_on:
             parts["smt"] = smt_lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
@@ -231,50 +249,71 @@ class CostModel:
                      contribs: list[dict[int, float]]) -> tuple[dict[frozenset[int], float], dict[frozenset[int], float]]:
         avx_t: dict[int, float] = {}
         unserved: dict[frozenset[int], float] = {}
+        groups = layout.groups
         for k, contrib in zip(keys, contribs):
-            g = layout.groups[k]
+            g = groups[k]
             unserved[k] = max(0.0, g.u - sum(contrib.values()))
             if g.au > 0 and g.u > 0:
-                share = g.au / g.u
-                for cpu, x in contrib.items():
-                    avx_t[cpu] = avx_t.get(cpu, 0.0) + x * share
+                _add_scaled(avx_t, contrib, g.au / g.u)
         if not avx_t or self.loss <= 0:
             return {}, unserved
-        p_core = self._license_probability(avx_t)
-        core_of = self.idx.core_of
+        p_get = self._license_probability(avx_t).get
         out: dict[frozenset[int], float] = {}
         for k, contrib in zip(keys, contribs):
-            g = layout.groups[k]
+            g = groups[k]
             if g.u <= g.au:
                 continue
             scalar_share = (g.u - g.au) / g.u
-            lost = sum(x * p_core.get(core_of[cpu], 0.0) for cpu, x in contrib.items())
+            # sum of x * P(license on the CPU's core), in contrib order (map: no Python loop)
+            lost = sum(map(mul, contrib.values(), map(p_get, contrib, repeat(0.0))))
             if lost > 0:
                 out[k] = lost * scalar_share * self.loss
         return out, unserved
 
-    def _license_probability(self, avx_t: Mapping[int, float]) -> dict[tuple[int, int, int], float]:
-        """P(core holds a license) = 1 - prod over its threads of (1 - AVX busy fraction)."""
-        free: dict[tuple[int, int, int], float] = {}
-        for cpu, a in avx_t.items():
-            key = self.idx.core_of[cpu]
-            free[key] = free.get(key, 1.0) * (1.0 - min(1.0, a))
-        return {k: 1.0 - f for k, f in free.items()}
+    def _license_probability(self, avx_t: Mapping[int, float]) -> dict[int, float]:
+        """Per CPU, P(its core holds a license) = 1 - prod over the core's threads of (1 - AVX
+        busy fraction); CPUs of cores without AVX-512 time are absent (0)."""
+        free_of = {cpu: 1.0 - (a if a < 1.0 else 1.0) for cpu, a in avx_t.items()}  # 1 - min(1, a)
+        sibling = self.idx.sibling_of()
+        if sibling is not None:
+            return licence_by_pairs(sibling, free_of)
+        return licence_by_core(self.idx.core_of, self.idx.cores, free_of)
 
     def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         used: dict[int, float] = {}
+        groups = layout.groups
+        node_items = self._node_items
         for k in keys:
-            g = layout.groups[k]
-            if g.b > 0:
-                for n, f in self.frac("node", k).items():
-                    used[n] = used.get(n, 0.0) + g.b * f
+            b = groups[k].b
+            if b > 0:
+                for n, f in node_items(k):
+                    used[n] = used.get(n, 0.0) + b * f
         cfg = self.cfg
         per_miss = {n: cfg.memory_latency_seconds / cfg.memory_parallelism *
                     (loaded_latency_factor(b / cfg.bandwidth_of(n), cfg.bandwidth_knee_low,
                                            cfg.bandwidth_knee_high) - 1.0)
                     for n, b in used.items()}
-        return {k: sum(f * per_miss.get(n, 0.0) for n, f in self.frac("node", k).items())
-                for k in keys}
+        # the rate depends only on the group's NUMA fractions (interned: few distinct ones)
+        rate_of: dict[tuple[tuple[int, float], ...], float] = {}
+        out: dict[frozenset[int], float] = {}
+        for k in keys:
+            items = node_items(k)
+            r = rate_of.get(items)
+            if r is None:
+                r = 0  # as sum() over the fractions: 0 + x == x, then one by one
+                for n, f in items:
+                    r += f * per_miss.get(n, 0.0)
+                rate_of[items] = r
+            out[k] = r
+        return out
+
+    def _node_items(self, cpus: frozenset[int]) -> tuple[tuple[int, float], ...]:
+        """frac("node", cpus) as (node, fraction) pairs, one shared tuple per distinct value."""
+        hit = self._node_items_of.get(cpus)
+        if hit is None:
+            items = tuple(self.frac("node", cpus).items())
+            hit = self._node_items_of[cpus] = self._node_items_seen.setdefault(items, items)
+        return hit
 
     def _cache_shares(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
         """Q(group) = sum_d f_d (x_d)^-a: the miss multiplier of a member, up to a constant.
@@ -322,10 +361,77 @@ class CostModel:
 
     # -- per container -------------------------------------------------------------------------
     def container_loss(self, ev: Evaluation, layout: Layout, cid: str) -> float:
-        v = self.views[cid]
-        avx_rate, bw_rate, un_rate = ev.rates.get(layout.placement[cid], (0.0, 0.0, 0.0))
-        loss = 0.0 if v.heavy else avx_rate * v.usage
-        return loss + bw_rate * v.misses + un_rate * v.usage + ev.stalls.get(cid, 0.0)
+        return self.container_losses(ev, layout, (cid,))[0]
+
+    def container_losses(self, ev: Evaluation, layout: Layout, ids: Iterable[str]) -> list[float]:
+        """container_loss of each of `ids`, in one loop (the same arithmetic)."""
+        views, rates, placement, stalls = self.views, ev.rates.get, layout.placement, ev.stalls.get
+        zero = (0.0, 0.0, 0.0)
+        out = []
+        for cid in ids:
+            v = views[cid]
+            avx_rate, bw_rate, un_rate = rates(placement[cid], zero)
+            loss = 0.0 if v.heavy else avx_rate * v.usage
+            out.append(loss + bw_rate * v.misses + un_rate * v.usage + stalls(cid, 0.0))
+        return out
+
+
+Inputs = Mapping[str, tuple[float, float, float, float, int]]  # usage, AVX usage, misses, bandwidth, requests
+
+
+def sum_plain(inputs: Inputs, members: tuple[str, ...]) -> Group:
+    """A group none of whose members is RDT-restricted: each field summed in member order.
+    sum() adds floats one by one from 0, as sum_each does, only in C."""
+    if not members:
+        return Group(members=[])
+    u, au, m, b, req = map(sum, zip(*map(inputs.__getitem__, members)))
+    return Group(members=list(members), u=u, au=au, m=m, mr=0.0, b=b, req=req)
+
+
+def sum_each(inputs: Inputs, members: tuple[str, ...], restricted: frozenset[str]) -> Group:
+    """A group's sums member by member, the misses of `restricted` ones apart (mr)."""
+    u = au = m = mr = b = 0.0
+    req = 0
+    for cid in members:
+        vu, vau, vm, vb, vreq = inputs[cid]
+        r = cid in restricted
+        u += vu
+        au += vau
+        mr += vm if r else 0.0
+        m += 0.0 if r else vm
+        b += vb
+        req += vreq
+    return Group(members=list(members), u=u, au=au, m=m, mr=mr, b=b, req=req)
+
+
+def licence_by_core(core_of: Mapping[int, tuple[int, int, int]], cores: Mapping[tuple[int, int, int], frozenset[int]],
+                    free_of: Mapping[int, float]) -> dict[int, float]:
+    """Per CPU of a core with AVX-512 time: 1 - the product of its threads' `free_of` (1 - busy)."""
+    free: dict[tuple[int, int, int], float] = {}
+    for cpu, f in free_of.items():
+        key = core_of[cpu]
+        free[key] = free.get(key, 1.0) * f
+    return {cpu: 1.0 - f for key, f in free.items() for cpu in cores[key]}
+
+
+def licence_by_pairs(sibling: Mapping[int, int], free_of: Mapping[int, float]) -> dict[int, float]:
+    """licence_by_core where every core has two threads: the product of the two factors (1.0
+    for a thread without AVX-512 time) is the same in either order, so each thread gives its
+    core's value without grouping by core."""
+    out: dict[int, float] = {}
+    get = free_of.get
+    for cpu, f in free_of.items():
+        s = sibling[cpu]
+        out[s] = out[cpu] = 1.0 - f * get(s, 1.0)
+    return out
+
+
+def _add_scaled(into: dict[int, float], contrib: Mapping[int, float], share: float) -> None:
+    """into[cpu] += x * share for every (cpu, x) of `contrib` (a plain loop: faster here than
+    any set or map construction for a few hundred CPUs)."""
+    get = into.get
+    for cpu, x in contrib.items():
+        into[cpu] = get(cpu, 0.0) + x * share
 
 
 def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,
@@ -348,20 +454,33 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
     """`move_cost` of every container in `targets` (in its order); a decision moves hundreds of
     containers from a few cpusets to a few targets, so the fractions are looked up once per pair."""
     out: dict[str, tuple[float, float, float]] = {}
-    cold_of: dict[tuple[int, int], float] = {}
+    # per (from, to) pair: None when from == to, else (cold L3 fraction, moved memory fraction by
+    # the container's memory nodes); consecutive containers mostly share the pair's objects
+    pairs: dict[tuple[frozenset[int], frozenset[int]], tuple[float, dict[frozenset[int], float]] | None] = {}
     refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
     disruption = config.disruption_core_seconds
+    zero = (0.0, 0.0, 0.0)
+    last_frm = last_to = pair = None
     for cid, to in targets.items():
         frm = placement[cid]
-        if frm is to or frm == to:
-            out[cid] = (0.0, 0.0, 0.0)
+        if frm is to:
+            out[cid] = zero
             continue
-        pair = (id(frm), id(to))  # both alive in `placement` and `targets` meanwhile
-        cold = cold_of.get(pair)
-        if cold is None:
-            cold = cold_of[pair] = _cold_fraction(idx, frm, to)
+        if frm is not last_frm or to is not last_to:
+            last_frm, last_to = frm, to
+            key = (frm, to)
+            if key not in pairs:
+                pairs[key] = None if frm == to else (_cold_fraction(idx, frm, to), {})
+            pair = pairs[key]
+        if pair is None:
+            out[cid] = zero
+            continue
         v = views[cid]
-        moved = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to) if v.memory_bytes else 0.0
+        cold, moved_of = pair
+        moved = moved_of.get(v.mems)
+        if moved is None:
+            moved = moved_of[v.mems] = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to)
+        # a container without resident memory migrates nothing (0 * fraction == 0.0)
         out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
                     disruption)
     return out

@@ -25,6 +25,7 @@ vCPUs); evicted VM pods get CPUs with the same count per NUMA node when the node
 from __future__ import annotations
 
 import heapq
+from itertools import islice
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -113,8 +114,8 @@ def _heavy(ctx: Context) -> tuple[str, ...]:
 def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[int]:
     """Whole free cores that only AVX-512-heavy containers use."""
     heavy_cpus: set[int] = set()
-    for cid in _heavy(ctx):
-        heavy_cpus |= layout.placement[cid]
+    for cpus in {id(p): p for p in map(layout.placement.__getitem__, _heavy(ctx))}.values():
+        heavy_cpus |= cpus  # each distinct cpuset object once (most heavy containers share one)
     clean = ctx.idx.full_cores_within(ctx.free - scalar)
     return clean & ctx.idx.whole_cores(frozenset(heavy_cpus))
 
@@ -122,14 +123,21 @@ def _island(ctx: Context, layout: Layout, scalar: frozenset[int]) -> frozenset[i
 def _avx_islands(ctx: Context, layout: Layout, scalar: frozenset[int],
                  island: frozenset[int]) -> list[Decision]:
     cohorts: dict[frozenset[int], list[str]] = {}
+    shares_cores: dict[int, bool] = {}  # by cpuset object: most heavy containers share one
     for cid in _heavy(ctx):
         cpus = layout.placement[cid]
-        if not ctx.views[cid].exclusive and ctx.idx.whole_cores(cpus) & scalar:
+        if ctx.views[cid].exclusive:
+            continue
+        near = shares_cores.get(id(cpus))
+        if near is None:
+            near = shares_cores[id(cpus)] = bool(ctx.idx.whole_cores(cpus) & scalar)
+        if near:
             cohorts.setdefault(cpus, []).append(cid)
     out: list[Decision] = []
+    evictions: dict[frozenset[int], Evictions | None] = {}  # by target: cohorts share targets
     for _, cohort in sorted(cohorts.items(), key=lambda kv: kv[1][0])[:MAX_PER_KIND]:
         for target, members in _island_targets(ctx, layout, cohort, island):
-            d = _with_evictions(ctx, layout, members, target, cohort[0])
+            d = _with_evictions(ctx, layout, members, target, cohort[0], evictions)
             if d is not None:
                 out.append(d)
     return out
@@ -182,11 +190,34 @@ def _prefer_nodes(ctx: Context, cpus: frozenset[int]) -> list[int]:
     return list(hit)  # type: ignore[call-overload]
 
 
+# the scalar containers that leave an island's target, with their new CPUs, and which of them
+# got theirs from the allocator
+Evictions = tuple[dict[str, frozenset[int]], frozenset[str]]
+
+
 def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: frozenset[int],
-                    primary: str) -> Decision | None:
+                    primary: str, memo: dict[frozenset[int], Evictions | None]) -> Decision | None:
     # targets are interned (TopoIndex.intern): later memo lookups then compare by identity
     target = ctx.idx.intern(target)
+    if target not in memo:
+        memo[target] = _evictions(ctx, layout, target)
+    ev = memo[target]
+    if ev is None:
+        return None
     cpus = {cid: target for cid in members if layout.placement[cid] != target}
+    cpus.update(ev[0])  # evictions are scalar, members heavy: no key in both
+    if not cpus:
+        return None
+    n = len(members)
+    reason = (f"AVX-512 island: {primary}" + (f" and {n - 1} more AVX-512-heavy" if n > 1 else "")
+              + f" to whole cores {_fmt(target)}, away from scalar work")
+    return Decision(kind="avx512_island", primary=primary, reason=reason, cpus=cpus,
+                    allocated=ev[1], island=frozenset(members))
+
+
+def _evictions(ctx: Context, layout: Layout, target: frozenset[int]) -> Evictions | None:
+    """Where each scalar container on `target` goes (None: one of them fits nowhere)."""
+    cpus: dict[str, frozenset[int]] = {}
     allocated: set[str] = set()
     for here in sorted((k for k in layout.groups if k & target), key=sorted):
         rest = ctx.idx.intern((here & ctx.free) - target)
@@ -205,13 +236,7 @@ def _with_evictions(ctx: Context, layout: Layout, members: list[str], target: fr
                 allocated.add(cid)
             else:
                 cpus[cid] = rest
-    if not cpus:
-        return None
-    n = len(members)
-    reason = (f"AVX-512 island: {primary}" + (f" and {n - 1} more AVX-512-heavy" if n > 1 else "")
-              + f" to whole cores {_fmt(target)}, away from scalar work")
-    return Decision(kind="avx512_island", primary=primary, reason=reason, cpus=cpus,
-                    allocated=frozenset(allocated), island=frozenset(members))
+    return cpus, frozenset(allocated)
 
 
 def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
@@ -242,9 +267,17 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
 # -- LLC and bandwidth ----------------------------------------------------------------------------
 
 def _top(ctx: Context, ids: frozenset[str], key: str) -> list[str]:
-    movable = [c for c in ids if not ctx.views[c].exclusive]
     # nsmallest(n, ...) == sorted(...)[:n]; the key is a total order (ties broken by id)
-    return heapq.nsmallest(MAX_PER_KIND, movable, key=lambda c: (-getattr(ctx.views[c], key), c))
+    def rank(c: str) -> tuple[float, str]:
+        return (-getattr(ctx.views[c], key), c)
+    if len(ids) <= 4 * MAX_PER_KIND:
+        return heapq.nsmallest(MAX_PER_KIND, (c for c in ids if not ctx.views[c].exclusive), key=rank)
+    # many (every container of a hot node): the first of all movable containers in rank order,
+    # sorted once per call and key
+    order = ctx.memo.get(("rank", key))
+    if order is None:
+        order = ctx.memo[("rank", key)] = sorted((c for c, v in ctx.views.items() if not v.exclusive), key=rank)
+    return list(islice((c for c in order if c in ids), MAX_PER_KIND))  # type: ignore[attr-defined]
 
 
 def _llc(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:

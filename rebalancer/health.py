@@ -69,11 +69,13 @@ class Health:
 def measure(m: Mapping[str, float], *, min_waits: int = 20) -> Health | None:
     """Health from one container's metrics; None when neither run-queue nor PSI data exists.
     p99 needs at least `min_waits` waits in the window (a percentile of three waits is noise)."""
-    usage = max(0.0, m.get("cpu_usage_cores", 0.0))
     psi = m.get("psi_cpu_some")
+    wait = m.get("runqueue_wait_seconds_per_second")
+    if wait is None and psi is None:  # most containers of a node without the run-queue collector
+        return None
+    usage = max(0.0, m.get("cpu_usage_cores", 0.0))
     throttled = m.get("cpu_throttled_seconds_per_second", m.get("cpu_throttled_ratio", 0.0))
     common = {"usage": usage, "psi": psi, "throttled": min(1.0, max(0.0, throttled)), "ipc": m.get("ipc")}
-    wait = m.get("runqueue_wait_seconds_per_second")
     if wait is not None:
         enough = m.get("runqueue_waits", 0.0) >= min_waits
         return Health(wait=max(0.0, wait), p99=m.get("runqueue_latency_p99_seconds") if enough else None,
@@ -129,9 +131,10 @@ def target_of(c: Container, selectors: Mapping[str, float], *,
             return parse_duration(text), ""
         except ValueError as e:
             return None, f"{c.id}: annotation {TARGET_ANNOTATION}: {e}"
-    name = ident(c)
-    for sel in sorted(selectors, key=lambda s: (-len(s), s)):
-        if sel == c.id or fnmatchcase(name, sel):
-            return selectors[sel], ""
+    if selectors:  # most nodes configure none: no name to build for each container
+        name = ident(c)
+        for sel in sorted(selectors, key=lambda s: (-len(s), s)):
+            if sel == c.id or fnmatchcase(name, sel):
+                return selectors[sel], ""
     flag = c.annotations.get(SENSITIVE_ANNOTATION, "").strip().lower() in ("true", "1", "yes")
     return (default if flag else None), ""

@@ -26,7 +26,7 @@ def avx512_notes(ctx: Context, smoothed: Mapping[str, Mapping[str, float]]) -> l
     out = []
     keys, thr = ctx.config.hint_keys(), ctx.config.avx512_heavy_threshold
     for s in ctx.snapshot.containers:
-        if avx512_hint(s.container, keys) is not True:
+        if not s.container.annotations or avx512_hint(s.container, keys) is not True:
             continue
         x = smoothed.get(s.id, {}).get("avx512_heavy", 0.0)
         heavy = ctx.views[s.id].heavy

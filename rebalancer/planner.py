@@ -32,7 +32,7 @@ from rebalancer.health import measure, noise, push
 from rebalancer.hintnotes import hint_notes
 from rebalancer.inputs import smooth
 from rebalancer.policy import Policy
-from rebalancer.state import Moved, Pending, PlannerState, frozen_map
+from rebalancer.state import Moved, Pending, PlannerState, built, frozen_map
 from rebalancer.vm import layout_move_problem
 
 MAX_CONSIDERED = 64
@@ -130,15 +130,9 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
                 masks: Mapping[str, frozenset[int]]) -> str:
     """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
     NUMA nodes, demand fits. `masks`: every VM pod's mask in `layout` (before `d`)."""
-    inside: dict[int, bool] = {}  # by target object: many containers share one target
-    for cid, cpus in sorted(d.cpus.items()):
-        ok = inside.get(id(cpus))
-        if ok is None:
-            ok = inside[id(cpus)] = bool(cpus) and cpus <= ctx.free
-        if not ok:
-            return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
-        if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
-            return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
+    why = _target_constraint(ctx, d)
+    if why:
+        return why
     why = _sandbox_constraint(ctx, layout, d)
     if why:
         return why
@@ -157,10 +151,30 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
     return ""
 
 
+def _target_constraint(ctx: Context, d: Decision) -> str:
+    """The first container (by id) whose target is outside the shareable CPUs, or allocated
+    across NUMA nodes needlessly. A decision moves hundreds of containers to a few targets:
+    when every target is inside, only the allocated containers need a look."""
+    targets = {id(c): c for c in d.cpus.values()}.values()
+    if all(cpus and cpus <= ctx.free for cpus in targets):
+        ids = sorted(d.allocated & d.cpus.keys())
+    else:
+        ids = sorted(d.cpus)
+    for cid in ids:
+        cpus = d.cpus[cid]
+        if not (cpus and cpus <= ctx.free):
+            return f"constraint: {cid} target {_fmt(cpus)} outside the shareable CPUs"
+        if cid in d.allocated and spans_needlessly(ctx.idx, ctx.free, cpus):
+            return f"constraint: {cid} target {_fmt(cpus)} spans NUMA nodes needlessly"
+    return ""
+
+
 def _sandbox_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
     """A VM pod's movable containers move together to one target, each workload keeping its
     number of CPUs on every host NUMA node (the guest NUMA layout the VM booted with; Kata's pod
     sandbox container holding the VMM runs no vCPU and is not held to it)."""
+    if not ctx.sandbox_of:  # no VM pod on the node: nothing to hold together
+        return ""
     for cid in sorted(d.cpus):
         sb = ctx.sandbox_of.get(cid)
         if sb is None:
@@ -220,9 +234,10 @@ def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float
     wait is judged after the move, see evaluate.py)."""
     ev0 = ctx.base_eval
     before, after = {}, {}
-    for cid in sorted(ctx.views):
-        b = ctx.model.container_loss(ev0, ctx.base, cid)
-        a = ctx.model.container_loss(s.evaluation, s.layout, cid)
+    ids = sorted(ctx.views)
+    losses = zip(ids, ctx.model.container_losses(ev0, ctx.base, ids),
+                 ctx.model.container_losses(s.evaluation, s.layout, ids))
+    for cid, b, a in losses:
         if b - a > 1e-6:
             before[cid], after[cid] = b, a
     for cid, (b, a) in _health_predictions(ctx, s).items():
@@ -252,8 +267,9 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     if ctx.victims:
         detail_common["saved_latency"] = s.saved_latency
     out: list[Action] = []
+    fmt = _Formats(ctx, seq)
     for cid in [d.primary] * (d.primary in d.cpus) + sorted(set(d.cpus) - {d.primary}):
-        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims))
+        out.append(_cpuset_action(ctx, s, cid, seq, detail_common, victims, fmt))
     for cid, cls in sorted(d.classes.items()):
         out.append(Action(kind="rdt_class", container=cid, frm=ctx.base.classes[cid], to=cls,
                           decision=decision_id(seq), reason=d.reason, benefit=s.benefit if cid == d.primary else 0.0,
@@ -262,8 +278,31 @@ def _actions(ctx: Context, s: Scored, seq: int, victims: tuple[str, ...]) -> lis
     return out
 
 
+class _Formats:
+    """Kernel list forms of one decision's cpusets and their memory nodes, by cpuset object
+    (a decision moves hundreds of containers between a few cpusets)."""
+
+    def __init__(self, ctx: Context, seq: int) -> None:
+        self.idx = ctx.idx
+        self.decision = decision_id(seq)
+        self.cpus: dict[frozenset[int], str] = {}
+        self.mems: dict[frozenset[int], str] = {}
+
+    def of(self, cpus: frozenset[int]) -> str:
+        got = self.cpus.get(cpus)
+        if got is None:
+            got = self.cpus[cpus] = self.idx.fmt(cpus)
+        return got
+
+    def mems_of(self, cpus: frozenset[int]) -> str:
+        got = self.mems.get(cpus)
+        if got is None:
+            got = self.mems[cpus] = self.idx.fmt(self.idx.nodes_of(cpus))
+        return got
+
+
 def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[str, float],
-                   victims: tuple[str, ...]) -> Action:
+                   victims: tuple[str, ...], fmt: _Formats) -> Action:
     d = s.decision
     refill, migration, disruption = s.costs[cid]
     primary = cid == d.primary
@@ -277,19 +316,22 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
     if cid in d.allocated:
         detail["allocated"] = 1.0
     cpus = d.cpus[cid]
-    return Action(kind="cpuset", container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
-                  mems=ctx.idx.fmt(ctx.idx.nodes_of(cpus)), decision=decision_id(seq), reason=reason,
-                  benefit=s.benefit if primary else 0.0,
-                  cost=(refill + migration + disruption) / ctx.config.amortize_seconds,
-                  victims=victims if primary else (), detail=detail)
+    return built(Action, {  # Action(...) with every field, in field order
+        "kind": "cpuset", "container": cid, "frm": fmt.of(ctx.base.placement[cid]), "to": fmt.of(cpus),
+        "reason": reason, "benefit": s.benefit if primary else 0.0,
+        "cost": (refill + migration + disruption) / ctx.config.amortize_seconds,
+        "victims": victims if primary else (), "mems": fmt.mems_of(cpus), "undoes": "",
+        "decision": fmt.decision, "detail": detail})
 
 
 def _pending(ctx: Context, s: Scored, seq: int, before: Mapping[str, float],
              after: Mapping[str, float]) -> Pending:
     d = s.decision
-    moves = [Moved(container=cid, frm=ctx.idx.fmt(ctx.base.placement[cid]), to=ctx.idx.fmt(cpus),
-                   mems_frm=ctx.idx.fmt(ctx.views[cid].mems or ctx.idx.nodes_of(ctx.base.placement[cid])),
-                   mems_to=ctx.idx.fmt(ctx.idx.nodes_of(cpus)))
+    fmt = _Formats(ctx, seq)
+    moves = [built(Moved, {"container": cid, "frm": fmt.of(ctx.base.placement[cid]), "to": fmt.of(cpus),
+                           "mems_frm": (ctx.idx.fmt(ctx.views[cid].mems) if ctx.views[cid].mems
+                                        else fmt.mems_of(ctx.base.placement[cid])),
+                           "mems_to": fmt.mems_of(cpus), "kind": "cpuset"})
              for cid, cpus in sorted(d.cpus.items())]
     moves += [Moved(container=cid, frm=ctx.base.classes[cid], to=cls, kind="rdt_class")
               for cid, cls in sorted(d.classes.items())]

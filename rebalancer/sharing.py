@@ -24,32 +24,41 @@ def water_fill(groups: Sequence[tuple[frozenset[int], float]],
     loads: dict[int, float] = {}
     out: list[dict[int, float]] = []
     for cpus, demand in groups:
-        contrib = _fill_one(loads, cpus, demand)
-        for cpu, x in contrib.items():
-            loads[cpu] = loads.get(cpu, 0.0) + x
-        out.append(contrib)
+        out.append(_fill_one(loads, cpus, demand))
     return out, loads
 
 
 def _fill_one(loads: dict[int, float], cpus: frozenset[int], demand: float) -> dict[int, float]:
+    """The group's time per CPU, added to `loads` (each CPU's new load is its old load plus the
+    time granted there, in that order; an idle CPU's is the time itself, as 0.0 + x == x)."""
     if demand <= 0.0 or not cpus:
         return {}
     busy = cpus & loads.keys()  # loads hold only CPUs given time (> 0); the rest are idle
     if not busy:  # all CPUs idle: no sort needed
         level = min(1.0, demand / len(cpus))
-        return dict.fromkeys(cpus, level) if level > 0.0 else {}
+        if level <= 0.0:
+            return {}
+        out = dict.fromkeys(cpus, level)
+        loads.update(out)
+        return out
     cur = sorted([(loads[c], c) for c in busy])
     idle = len(cpus) - len(cur)
     if not idle and cur[0][0] == cur[-1][0]:  # all CPUs equally loaded
         lo = cur[0][0]
         level = min(1.0, lo + demand / len(cpus))
-        return dict.fromkeys(cpus, level - lo) if level > lo else {}
+        if level <= lo:
+            return {}
+        out = dict.fromkeys(cpus, level - lo)
+        loads.update(dict.fromkeys(cpus, lo + (level - lo)))
+        return out
     level = _level(cur, demand, idle)
     out = dict.fromkeys(sorted(cpus - busy), level) if idle else {}
+    loads.update(out)
     for load, c in cur:
         if load >= level:
             break
-        out[c] = level - load
+        x = out[c] = level - load
+        loads[c] = load + x
     return out
 
 

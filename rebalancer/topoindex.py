@@ -98,5 +98,14 @@ class TopoIndex:
             hit = self.memo[key] = str(CpuSet(cpus))
         return hit  # type: ignore[return-value]
 
+    def sibling_of(self) -> dict[int, int] | None:
+        """Each CPU's SMT sibling when every core has exactly two threads (else None)."""
+        key = ("sibling",)
+        if key not in self.memo:
+            pairs = [tuple(sorted(cpus)) for cpus in self.cores.values()]
+            self.memo[key] = ({a: b for a, b in pairs} | {b: a for a, b in pairs}
+                              if pairs and all(len(p) == 2 for p in pairs) else None)
+        return self.memo[key]  # type: ignore[return-value]
+
     def threads_per_core(self) -> int:
         return max((len(s) for s in self.cores.values()), default=1)

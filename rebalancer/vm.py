@@ -104,6 +104,9 @@ def sandboxes(containers: Iterable[Container], *, overhead_mcpu: int,
     `vmms` (`Snapshot.vmms`) say which container holds each pod's VMM; `vm_workloads` then
     leaves Kata's pod sandbox container out of the workloads, as the applied pinning does.
     A pod whose VMM was not found counts every container."""
+    containers = list(containers)
+    if not any(c.sandbox for c in containers):  # most nodes: no VM pod, no pod keys to build
+        return ()
     pods: dict[str, list[Container]] = {}
     for c in containers:
         pods.setdefault(c.pod_key, []).append(c)
@@ -473,6 +476,9 @@ def plan_vcpus(snapshot: Snapshot, *, actions: Iterable[Action] = (),
     containers = placed(snapshot, actions)
     pool = shared_pool(online=snapshot.topology.online, kubelet=snapshot.kubelet,
                        reserved=snapshot.reserved, containers=containers)
+    containers = list(containers)
+    if not any(c.sandbox for c in containers):  # most nodes: no VM pod, no pod keys to build
+        return ()
     pods: dict[str, list[Container]] = {}
     for c in containers:
         pods.setdefault(c.pod_key, []).append(c)

@@ -1,0 +1,188 @@
+"""The planner's shortcuts give exactly what the plain computation gives (issue #16, round 3).
+
+Each shortcut of rebalancer/ that plan() takes at 1000 containers is checked against the
+computation it replaces, on random nodes, for exact (bit-identical) equality: a layout derived
+with Layout.moved against the same layout built whole, the water-filling loads against the sums
+of the grants, the licence probability from SMT sibling pairs against the per-core product, a
+group's sums in C against the member-by-member loop, move_costs against move_cost per container,
+and the allocator's remembered answers against a fresh index. tests/rebalancer/
+test_rb_plan_equivalence.py checks whole plans against the golden file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rebalancer import RebalancerConfig
+from rebalancer.allocator import allocate
+from rebalancer.context import Context
+from rebalancer.costmodel import (CostModel, Layout, licence_by_core, licence_by_pairs, move_cost,
+                                  move_costs, sum_each, sum_plain)
+from rebalancer.inputs import smooth
+from rebalancer.sharing import fill_order, water_fill
+from rebalancer.state import PlannerState
+from rebalancer.topoindex import TopoIndex
+
+from rb_builders import SKYLAKE, sample, snap, topo
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CFG = RebalancerConfig()
+RDT = "rdt-low"
+
+
+@st.composite
+def contexts(draw: st.DrawFn, *, threads: int | None = None) -> Context:
+    t = topo(cores=draw(st.integers(1, 4)), threads=threads or draw(st.integers(1, 3)),
+             packages=draw(st.integers(1, 2)), l3=draw(st.integers(1, 2)), model=SKYLAKE)
+    online = sorted(t.online.ids)
+    cpus = st.lists(st.sampled_from(online), min_size=1, unique=True)
+    samples = []
+    for i in range(draw(st.integers(1, 8))):
+        here = ",".join(map(str, draw(cpus)))
+        samples.append(sample(
+            f"c{i}", here, request=draw(st.sampled_from([0, 250, 1000])),
+            mems=draw(st.sampled_from(["", "0"])), rdt=draw(st.sampled_from(["", RDT])),
+            cpu_usage_cores=draw(st.floats(0.0, 3.0)), avx512_heavy=draw(st.sampled_from([0.0, 1.0])),
+            llc_misses_per_second=draw(st.sampled_from([0.0, 1e6, 5e7])),
+            llc_mpki=draw(st.floats(0.0, 40.0)),
+            memory_bandwidth_bytes_per_second=draw(st.sampled_from([0.0, 1e9, 3e10])),
+            memory_bytes=draw(st.sampled_from([0.0, 2.0**30])),
+            llc_occupancy_bytes=draw(st.sampled_from([0.0, 2.0**23]))))
+    s = snap(t, *samples)
+    return Context.build(s, CFG, PlannerState(), smooth(s, {}, CFG.smoothing_alpha), 0.0)
+
+
+def _sums(layout: Layout) -> dict[frozenset[int], tuple[Any, ...]]:
+    return {k: (g.members, g.u, g.au, g.m, g.mr, g.b, g.req) for k, g in layout.groups.items()}
+
+
+def _moves(draw: st.DrawFn, ctx: Context) -> tuple[dict[str, frozenset[int]], dict[str, str]]:
+    online = sorted(ctx.idx.online)
+    ids = sorted(ctx.views)
+    shared = frozenset(draw(st.lists(st.sampled_from(online), min_size=1, unique=True)))
+    own = st.lists(st.sampled_from(online), min_size=1, unique=True).map(frozenset)
+    # several containers to one target object (as a decision does), others to their own
+    targets = {c: shared if draw(st.booleans()) else draw(own)
+               for c in draw(st.lists(st.sampled_from(ids), unique=True))}
+    classes = {c: draw(st.sampled_from(["", RDT])) for c in draw(st.lists(st.sampled_from(ids), unique=True))}
+    return targets, classes
+
+
+@SETTINGS
+@given(st.data(), contexts(), st.sampled_from(["", RDT]))
+def test_a_moved_layout_scores_exactly_as_the_same_layout_built_whole(data: st.DataObject, ctx: Context,
+                                                                      rdt: str) -> None:
+    model = CostModel(idx=ctx.idx, views=ctx.views, config=CFG, aggressor_class=rdt)
+    base = model.layout(ctx.base.placement, ctx.base.classes)
+    model.set_baseline(base)
+    targets, classes = _moves(data.draw, ctx)
+    after = base.moved(model, targets, classes)
+    whole = model.layout(after.placement, after.classes)
+    assert _sums(after) == _sums(whole)
+    assert model.evaluate(after) == model.evaluate(whole)
+    # control: a move that changes where a container runs changes the groups
+    if any(base.placement[c] != t for c, t in targets.items()):
+        assert _sums(after) != _sums(base)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=8, unique=True),
+                          st.floats(0.0, 6.0)), max_size=8))
+def test_water_filling_loads_are_the_sums_of_the_grants_in_order(groups: list[tuple[list[int], float]]) -> None:
+    ordered = sorted(((frozenset(c), d) for c, d in groups), key=lambda g: fill_order(g[0]))
+    contribs, loads = water_fill(ordered)
+    summed: dict[int, float] = {}
+    for contrib in contribs:
+        for cpu, x in contrib.items():
+            summed[cpu] = summed.get(cpu, 0.0) + x
+    assert loads == summed
+    # control: a real demand is granted somewhere
+    if any(d > 1e-9 for _, d in ordered):
+        assert loads and max(loads.values()) > 0.0
+
+
+@SETTINGS
+@given(st.data(), st.integers(1, 4), st.integers(1, 2))
+def test_licence_from_sibling_pairs_is_the_per_core_product(data: st.DataObject, cores: int, packages: int) -> None:
+    idx = TopoIndex.build(topo(cores=cores, threads=2, packages=packages))
+    cpus = data.draw(st.lists(st.sampled_from(sorted(idx.online)), unique=True))
+    free_of = {c: 1.0 - min(1.0, data.draw(st.floats(0.0, 1.5))) for c in cpus}
+    sibling = idx.sibling_of()
+    assert sibling is not None
+    assert licence_by_pairs(sibling, free_of) == licence_by_core(idx.core_of, idx.cores, free_of)
+
+
+def test_the_sibling_shortcut_is_taken_only_where_every_core_has_two_threads() -> None:
+    assert TopoIndex.build(topo(threads=2)).sibling_of() is not None
+    assert TopoIndex.build(topo(threads=1)).sibling_of() is None
+    assert TopoIndex.build(topo(threads=3)).sibling_of() is None
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.floats(0.0, 4.0), st.floats(0.0, 4.0), st.floats(0.0, 1e8),
+                          st.floats(0.0, 1e10), st.integers(0, 4000)), max_size=12))
+def test_group_sums_in_c_are_the_member_by_member_sums(rows: list[tuple[float, float, float, float, int]]) -> None:
+    inputs = {f"c{i:02d}": r for i, r in enumerate(rows)}
+    members = tuple(sorted(inputs))
+    assert sum_plain(inputs, members) == sum_each(inputs, members, frozenset())
+    # control: a restricted member's misses count apart
+    if members and rows[0][2] > 0:
+        assert sum_each(inputs, members, frozenset(members[:1])).mr == rows[0][2]
+
+
+@SETTINGS
+@given(st.data(), contexts())
+def test_move_costs_are_move_cost_of_each_container(data: st.DataObject, ctx: Context) -> None:
+    targets, _ = _moves(data.draw, ctx)
+    got = move_costs(ctx.views, ctx.base.placement, targets, ctx.idx, CFG)
+    assert list(got) == list(targets)
+    assert got == {c: move_cost(ctx.views[c], ctx.base.placement[c], t, ctx.idx, CFG) for c, t in targets.items()}
+
+
+@SETTINGS
+@given(st.data(), st.integers(1, 4), st.integers(1, 2), st.integers(1, 2))
+def test_the_allocator_answers_from_memory_as_a_fresh_index_does(data: st.DataObject, cores: int, threads: int,
+                                                                  packages: int) -> None:
+    t = topo(cores=cores, threads=threads, packages=packages)
+    warm = TopoIndex.build(t)
+    online = sorted(warm.online)
+    questions = data.draw(st.lists(st.tuples(
+        st.lists(st.sampled_from(online), unique=True).map(frozenset), st.integers(0, len(online)),
+        st.booleans(), st.lists(st.sampled_from(sorted(warm.nodes)), unique=True), st.booleans()),
+        min_size=1, max_size=6))
+    for free, count, whole, prefer, hp in questions + questions:  # the second round from memory
+        kw = {"whole_cores": whole, "prefer_nodes": prefer, "high_priority": hp}
+        assert allocate(warm, free, count, **kw) == allocate(TopoIndex.build(t), free, count, **kw)  # type: ignore[arg-type]
+    # control: the second round added nothing to the memory
+    size = len(warm.memo)
+    for free, count, whole, prefer, hp in questions:
+        allocate(warm, free, count, whole_cores=whole, prefer_nodes=prefer, high_priority=hp)
+    assert len(warm.memo) == size
+
+
+def test_a_built_record_equals_the_one_its_init_makes_and_stays_frozen() -> None:
+    import dataclasses
+
+    import pytest
+
+    from perfbalance.model import Action, Container
+    from rebalancer.state import Moved, built
+
+    fields = {"kind": "cpuset", "container": "c1", "frm": "0-7", "to": "0-3", "reason": "r", "benefit": 0.5,
+              "cost": 0.1, "victims": ("v",), "mems": "0", "undoes": "", "decision": "d1", "detail": {"a": 1.0}}
+    a = built(Action, dict(fields))
+    assert a == Action(**fields) and repr(a) == repr(Action(**fields))
+    assert built(Moved, {"container": "c", "frm": "0", "to": "1", "mems_frm": "", "mems_to": "", "kind": "cpuset"}) \
+        == Moved(container="c", frm="0", to="1")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.cost = 1.0  # type: ignore[misc]
+    # control: a missing or unknown field, or a class that validates in __post_init__, is refused
+    with pytest.raises(TypeError, match="undoes"):
+        built(Action, {k: v for k, v in fields.items() if k != "undoes"})
+    with pytest.raises(TypeError, match="extra"):
+        built(Action, {**fields, "extra": 1})
+    with pytest.raises(TypeError, match="__post_init__"):
+        built(Container, {})
