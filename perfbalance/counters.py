@@ -16,7 +16,7 @@ two readings, never a reset of the counter. The rule, per source:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 Row = tuple[int, ...]
@@ -32,7 +32,24 @@ def row_delta(prev: Row | None, cur: Row) -> Row | None:
     return tuple(c - p for c, p in zip(cur, prev))
 
 
-class CounterDeltas(Generic[K]):
+class _Rows(Generic[K]):
+    """The previous reading's rows by key, shared by CounterDeltas and PackedDeltas."""
+
+    _prev: dict[K, Any]
+
+    def __len__(self) -> int:
+        return len(self._prev)
+
+    def keys(self) -> list[K]:
+        return list(self._prev)
+
+    def forget(self, keys: Iterable[K]) -> None:
+        """Drop the rows of keys deleted from the source."""
+        for k in keys:
+            self._prev.pop(k, None)
+
+
+class CounterDeltas(_Rows[K]):
     """Per-key deltas of cumulative counter rows (see the module docstring for the rule)."""
 
     def __init__(self) -> None:
@@ -62,19 +79,8 @@ class CounterDeltas(Generic[K]):
         d = row_delta(prev, (value,))
         return None if d is None else d[0]
 
-    def __len__(self) -> int:
-        return len(self._prev)
 
-    def keys(self) -> list[K]:
-        return list(self._prev)
-
-    def forget(self, keys: Iterable[K]) -> None:
-        """Drop the rows of keys deleted from the source."""
-        for k in keys:
-            self._prev.pop(k, None)
-
-
-class PackedDeltas(Generic[K]):
+class PackedDeltas(_Rows[K]):
     """CounterDeltas over rows still packed as the source gave them (bytes), for sources read
     whole every cycle where most rows did not move (a BPF map of 1000 idle containers).
 
@@ -103,13 +109,3 @@ class PackedDeltas(Generic[K]):
                 deltas[key] = d
         self._prev, self._complete = dict(current) if not isinstance(current, dict) else current, True
         return deltas
-
-    def __len__(self) -> int:
-        return len(self._prev)
-
-    def keys(self) -> list[K]:
-        return list(self._prev)
-
-    def forget(self, keys: Iterable[K]) -> None:
-        for k in keys:
-            self._prev.pop(k, None)
