@@ -11,8 +11,9 @@
 // with plain increments (a per-CPU array lookup, inlined by the verifier), and the pending counts
 // are added to the shared hash only when the key on that CPU changes or PB_FLUSH events have
 // gathered. The hash lookup and its atomic adds, most of the program's cost, run once per flush
-// instead of once per event. Userspace reads only the hash, so counts reach it at most
-// PB_FLUSH - 1 events per CPU late (docs/collectors.md): never lost, never misattributed.
+// instead of once per event. Userspace reads the pending entries after the hash each cycle and
+// counts their change (collectors/bpfenv/maps.py PendingSlots), so a count is in the window it
+// happened in even on a CPU that has not flushed: never lost, never misattributed.
 //
 // Defines (see bpf/__init__.py): PB_MAX_KEYS (map size), PB_KEY_PID (key by process id instead of
 // cgroup id, for hosts without cgroup v2 or bpf_get_current_cgroup_id), PB_FLUSH (events gathered

@@ -27,8 +27,9 @@
 // Delays are gathered in a per-CPU pending histogram of the key that is running there, and added
 // to the shared hash only when the key on that CPU changes or PB_FLUSH delays have gathered: the
 // hash lookup and its atomic adds, most of the cost, run once per flush instead of once per
-// delay. Userspace reads only the hash, so a delay reaches it at most PB_FLUSH - 1 delays per CPU
-// late: never lost, never misattributed.
+// delay. Userspace reads the pending histograms after the hash each cycle and counts their change
+// (collectors/bpfenv/maps.py PendingSlots), so a delay is in the window it happened in even on a
+// CPU that has not flushed: never lost, never misattributed.
 //
 // Defines (see bpf/__init__.py): PB_MAX_KEYS (histogram map size), PB_TASK_BITS (log2 of the
 // runnable-since slots), PB_KEY_PID (key by process id instead of cgroup id, for hosts without

@@ -24,7 +24,7 @@ from collectors import archstatus
 from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
-from collectors.bpfenv.maps import CountingMap
+from collectors.bpfenv.maps import CountingMap, PendingSlots
 from collectors.config import Avx512Config
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -159,7 +159,9 @@ class Avx512Collector:
         self._bpf = env.load(bpf.render("avx512", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"avx_counts"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live, name="avx_counts")
+                                max_keys=self.config.max_keys, live=live, name="avx_counts",
+                                pending=PendingSlots(self._bpf[b"avx_pending"], key_field="key",
+                                                     counts_field="n", fields=FIELDS))
         self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)

@@ -23,7 +23,7 @@ import bpf
 from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
-from collectors.bpfenv.maps import CountingMap
+from collectors.bpfenv.maps import CountingMap, PendingSlots
 from collectors.config import RunqlatConfig
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -160,7 +160,9 @@ class RunqlatCollector:
         self._bpf = env.load(bpf.render("runqlat", self.defines))
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live, name="rq_hist")
+                                max_keys=self.config.max_keys, live=live, name="rq_hist",
+                                pending=PendingSlots(self._bpf[b"rq_park"], key_field="key",
+                                                     counts_field="pend", fields=FIELDS))
         self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release)

@@ -8,6 +8,12 @@ packed (PackedTable): one BPF_MAP_LOOKUP_BATCH into a buffer kept for the map's 
 left as its bytes, and only entries whose bytes changed since the last read are unpacked. bcc's
 items_lookup_batch builds a ctypes object per entry and _flatten a tuple per field: at 1000 keys
 that was most of a BPF collector's cycle, for entries of idle containers that had not moved.
+
+A program that gathers counts per CPU before adding them to its hash (bpf/avx512.bpf.c,
+bpf/runqlat.bpf.c) also has a per-CPU pending slot: (the key it gathers for, counts not yet in
+the hash). CountingMap reads those slots after the hash (PendingSlots) and counts their change
+since the last read, so a count is in the window it happened in, not only once its CPU flushes
+(a CPU-bound thread alone on a core may switch a few times a minute).
 """
 
 from __future__ import annotations
@@ -133,14 +139,64 @@ def _lookup_batch() -> Any:
     return getattr(lib, "bpf_lookup_batch", None)
 
 
+class PendingSlots:
+    """The per-CPU pending slots of a program that flushes into its hash by batches.
+
+    `table` is a BPF_PERCPU_ARRAY of one entry whose value has the key being gathered in
+    `key_field` and the counts not yet added to the hash in `counts_field` (a struct with the
+    hash value's `fields`). read() gives key -> counts summed over the CPUs gathering for it."""
+
+    def __init__(self, table: Any, *, key_field: str, counts_field: str, fields: Sequence[str]) -> None:
+        self.table, self.key_field, self.counts_field = table, key_field, counts_field
+        self.fields = tuple(fields)
+        self._index = table.Key(0)
+
+    def read(self) -> dict[int, tuple[int, ...]]:
+        out: dict[int, tuple[int, ...]] = {}
+        for slot in self.table.getvalue(self._index):
+            row = _flatten(getattr(slot, self.counts_field), self.fields)
+            if not any(row):
+                continue
+            key = int(getattr(slot, self.key_field))
+            had = out.get(key)
+            out[key] = row if had is None else tuple(a + b for a, b in zip(had, row))
+        return out
+
+
+def with_pending(deltas: dict[int, tuple[int, ...]], before: Mapping[int, tuple[int, ...]],
+                 now: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """The hash's deltas plus the change of the pending counts from `before` to `now`.
+
+    Counts that a CPU flushed since the last read are in the hash's delta and leave the pending
+    slots (a decrease), so each count is in exactly one window. The hash is read before the slots:
+    a flush between the two reads puts its counts in neither this time, and in the next window.
+    A field is clamped at zero: a flush caught half done (added, not yet cleared) would otherwise
+    give a negative count in the window after."""
+    for key in now.keys() | before.keys():
+        cur, prev = now.get(key), before.get(key)
+        width = len(cur if cur is not None else prev)  # type: ignore[arg-type]
+        base = deltas.get(key, (0,) * width)
+        cur = cur or (0,) * width
+        prev = prev or (0,) * width
+        row = tuple(max(0, b + c - p) for b, c, p in zip(base, cur, prev))
+        if any(row):
+            deltas[key] = row
+        else:
+            deltas.pop(key, None)
+    return deltas
+
+
 class CountingMap:
-    """A BPF hash of cumulative counters, read non-destructively into per-key deltas."""
+    """A BPF hash of cumulative counters, read non-destructively into per-key deltas, with the
+    counts its program still gathers per CPU (`pending`) counted in the window they happened."""
 
     def __init__(self, table: Any, *, fields: Sequence[str], batch: bool, max_keys: int,
-                 live: LiveKeys | None = None, name: str = "?") -> None:
+                 live: LiveKeys | None = None, name: str = "?", pending: PendingSlots | None = None) -> None:
         self.table, self.fields, self.batch, self.max_keys = table, tuple(fields), batch, max_keys
         self.name = name
         self.live = live
+        self.pending = pending
+        self._pending: dict[int, tuple[int, ...]] = {}
         self.packed = PackedTable.of(table, self.fields) if batch else None
         self._delta: CounterDeltas[int] | PackedDeltas[int] = (
             CounterDeltas() if self.packed is None else PackedDeltas(self.packed.unpack))
@@ -148,6 +204,19 @@ class CountingMap:
         self.deltas()  # the baseline: the map as its program was just loaded (normally empty)
 
     def deltas(self) -> dict[int, tuple[int, ...]]:
+        deltas = self._hash_deltas()
+        if self.pending is None:
+            return deltas
+        try:
+            now = self.pending.read()
+        except (OSError, KeyError, TypeError) as e:  # counts wait in the slots until flushed: late, not lost
+            log.warning("BPF map %s: its per-CPU pending counts unreadable (%s); they reach the window "
+                        "they are flushed in from now on", self.name, e)
+            self.pending, now = None, {}
+        before, self._pending = self._pending, now
+        return with_pending(deltas, before, now)
+
+    def _hash_deltas(self) -> dict[int, tuple[int, ...]]:
         if self.packed is not None:
             try:
                 packed = self.packed.read()

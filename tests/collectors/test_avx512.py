@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -142,12 +143,59 @@ def test_pid_keyed_program_maps_processes_to_their_container(host: HostPaths, cg
     assert m["avx512_active_ratio"] > CFG.threshold_on, m
 
 
+def run_with_partner(cgroups: Cgroups, c: Any) -> None:
+    """Run a busy loop in `c` time-sliced with one in another cgroup on one CPU: the key on that
+    CPU keeps changing, so `c`'s counts are flushed into the hash (not only pending)."""
+    procs = [cgroups.run(c, bounded(SH_BUSY, 0.5), cpu=0),
+             cgroups.run(cgroups.new(f"{c.id}-partner"), bounded(SH_BUSY, 0.5), cpu=0)]
+    for p in procs:
+        p.wait(timeout=30)
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+@pytest.mark.avx512
+def test_counts_still_pending_on_a_cpu_are_in_the_window(host: HostPaths, cgroups: Cgroups,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no flush by count, a loop's counts stay in its CPU's pending entry until another key's
+    # event comes there. Once it has exited, hash + pending for its key no longer change (a flush
+    # only moves counts between the two): the window must hold exactly that sum. The control is
+    # the hash alone, which a window without the pending slots would report.
+    monkeypatch.setattr(avx512, "FLUSH", 1 << 40)
+    col = Avx512Collector(config=CFG, host=host, cgroupfs=cgroups.fs)
+    try:
+        assert col.start().up
+        c = cgroups.new("lone")
+        key = cgroups.fs.cgroup_id(c.cgroup)
+        col.collect([c], time.time())
+        cgroups.run(c, bounded(SH_BUSY, 1), cpu=1).wait(timeout=30)
+        got = col._map.deltas().get(key, (0, 0, 0))  # type: ignore[union-attr]
+        hashed, still = hash_and_pending(col, key)
+    finally:
+        col.close()
+    assert got == tuple(h + p for h, p in zip(hashed, still)) and got[2] > 0, (got, hashed, still)
+
+
+def hash_and_pending(col: Avx512Collector, key: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A key's counts in the hash and in the pending slots, read until two reads agree (a flush
+    on some CPU between reading the one and the other moves counts out of both)."""
+    table, pending = col._bpf[b"avx_counts"], col._map.pending  # type: ignore[union-attr]
+    last = None
+    for _ in range(5):
+        hashed = tuple(getattr(table[table.Key(key)], f) for f in avx512.FIELDS) if table.Key(key) in table else (0, 0, 0)
+        now = (hashed, pending.read().get(key, (0, 0, 0)))  # type: ignore[union-attr]
+        if now == last:
+            break
+        last = now
+    return now
+
+
 @pytest.mark.root
 @pytest.mark.bpf
 def test_entries_of_vanished_cgroups_are_deleted_from_the_map(bpf_collector: Avx512Collector, cgroups: Cgroups) -> None:
     c = cgroups.new("gone")
     bpf_collector.collect([c], time.time())
-    cgroups.run(c, bounded(SH_BUSY, 0.5)).wait(timeout=30)
+    run_with_partner(cgroups, c)
     bpf_collector.collect([c], time.time())
     key = cgroups.fs.cgroup_id(c.cgroup)
     table = bpf_collector._bpf[b"avx_counts"]
@@ -164,7 +212,7 @@ def test_entries_of_cgroups_no_container_owned_are_deleted_once_gone(bpf_collect
     """A cgroup created and destroyed between two discoveries (never a container) leaves no entry."""
     stray = cgroups.new("stray")
     key = cgroups.fs.cgroup_id(stray.cgroup)
-    cgroups.run(stray, bounded(SH_BUSY, 0.5)).wait(timeout=30)
+    run_with_partner(cgroups, stray)
     bpf_collector.collect([], time.time())
     table = bpf_collector._bpf[b"avx_counts"]
     assert table.Key(key) in table

@@ -13,7 +13,7 @@ import pytest
 
 from collector_helpers import SH_BUSY, Cgroups, bounded
 from collectors.bpfenv.loader import prepare
-from collectors.bpfenv.maps import CountingMap, PackedTable, packed_words, read_table
+from collectors.bpfenv.maps import CountingMap, PackedTable, PendingSlots, packed_words, read_table, with_pending
 from perfbalance.host import HostPaths
 
 FIELDS = ("n", "per")
@@ -114,3 +114,47 @@ def test_a_value_with_a_field_that_is_not_u64_is_read_entry_by_entry() -> None:
     assert packed_words(Plain, ("per", "n")) is None  # fields in another order than asked
     assert packed_words(Plain, FIELDS) == 3
 
+
+
+# --- pending per-CPU counts (with_pending) -----------------------------------------------------
+
+def test_pending_counts_are_in_the_window_they_gathered_in_and_a_flush_moves_none() -> None:
+    # window 1: 5 events pending on some CPU, none in the hash yet
+    assert with_pending({}, {}, {7: (1, 0, 5)}) == {7: (1, 0, 5)}
+    # window 2: that CPU flushed them (+5 in the hash) and gathered 2 more: only the 2 are new
+    assert with_pending({7: (1, 0, 5)}, {7: (1, 0, 5)}, {7: (0, 1, 2)}) == {7: (0, 1, 2)}
+    # window 3: flushed again, nothing pending, nothing new
+    assert with_pending({7: (0, 1, 2)}, {7: (0, 1, 2)}, {}) == {}
+    # control: hash-only deltas with no pending change pass through untouched
+    assert with_pending({9: (0, 0, 4)}, {}, {}) == {9: (0, 0, 4)}
+
+
+def test_a_flush_caught_half_done_is_taken_off_the_next_window_never_below_zero() -> None:
+    # read 1 saw the 5 flushed into the hash and still pending (counted twice); read 2 sees them
+    # gone from pending with no new hash delta: the window is clamped at zero, not -5
+    assert with_pending({}, {7: (0, 0, 5)}, {}) == {}
+    assert with_pending({7: (0, 0, 3)}, {7: (0, 0, 5)}, {}) == {}
+    assert with_pending({7: (0, 0, 9)}, {7: (0, 0, 5)}, {}) == {7: (0, 0, 4)}
+
+
+class _Slot:
+    def __init__(self, key: int, n: tuple[int, int, int]) -> None:
+        self.key = key
+        self.n = type("N", (), dict(zip(("zmm", "evex256", "all"), n)))()
+
+
+class _PerCpu:
+    def __init__(self, slots: list[_Slot]) -> None:
+        self.slots = slots
+
+    def Key(self, i: int) -> int:  # noqa: N802 (bcc's name)
+        return i
+
+    def getvalue(self, key: int) -> list[_Slot]:
+        return self.slots
+
+
+def test_pending_slots_sum_the_cpus_gathering_for_one_key_and_skip_empty_ones() -> None:
+    table = _PerCpu([_Slot(7, (1, 0, 3)), _Slot(7, (0, 1, 2)), _Slot(8, (0, 0, 0)), _Slot(9, (0, 0, 1))])
+    slots = PendingSlots(table, key_field="key", counts_field="n", fields=("zmm", "evex256", "all"))
+    assert slots.read() == {7: (1, 1, 5), 9: (0, 0, 1)}
