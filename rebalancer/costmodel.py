@@ -25,7 +25,7 @@ from operator import mul
 
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
-from rebalancer.sharing import fill_order, water_fill
+from rebalancer.sharing import fill_order, water_fill, water_fill_from
 from rebalancer.smt import lost as smt_lost
 from rebalancer.affinity import Pair
 from rebalancer.affinity import cost as affinity_cost
@@ -101,6 +101,10 @@ class Layout:
         return Layout(placement=placement, classes=new_classes, groups=groups)
 
 
+def _first(pair: tuple[int, frozenset[int]]) -> int:
+    return pair[0]
+
+
 def _without(members: list[str], gone: set[str]) -> list[str]:
     """Sorted `members` less `gone`: a few found by bisection (a pool of a thousand loses one
     container per candidate), many by one pass."""
@@ -120,6 +124,9 @@ class Evaluation:
     parts: dict[str, float]
     rates: dict[frozenset[int], tuple[float, float, float]]  # group -> (avx/scalar core, bw/miss, unserved/core)
     stalls: dict[str, float] = field(default_factory=dict)  # LLC victim -> stall core-s/s
+    # group -> (its demand, its CPU time per CPU): what the water filling gave it, for layouts
+    # derived from this one (CostModel.evaluate's `before`)
+    fills: dict[frozenset[int], tuple[float, dict[int, float]]] = field(default_factory=dict)
 
 
 class CostModel:
@@ -218,9 +225,15 @@ class CostModel:
         return hit
 
     # -- scoring -----------------------------------------------------------------------------
-    def evaluate(self, layout: Layout) -> Evaluation:
+    def evaluate(self, layout: Layout, before: tuple[Layout, Evaluation] | None = None) -> Evaluation:
+        """Score `layout`. `before`: a layout it was derived from and its evaluation, whose
+        water filling is taken over for the groups the change cannot reach (the same result)."""
         keys = self.ordered(layout)
-        contribs, loads = water_fill([(k, layout.groups[k].u) for k in keys])
+        demands = [(k, layout.groups[k].u) for k in keys]
+        if before is None:
+            contribs, loads = water_fill(demands)
+        else:
+            contribs, loads = water_fill_from(demands, before[1].fills, self._gone(keys, layout, before[0]))
         avx_core, unserved = self._avx_and_cpu(layout, keys, contribs)
         bw_rate = self._bandwidth_rates(layout, keys) if self.bw_on else {}
         stalls = self._llc_stalls(layout, keys) if self.llc_on else {}
@@ -243,7 +256,19 @@ class CostModel:
             parts["smt"] = smt_lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)
-        return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls)
+        return Evaluation(total=sum(parts.values()), parts=parts, rates=rates, stalls=stalls,
+                          fills=dict(zip(keys, zip([u for _, u in demands], contribs))))
+
+    def _gone(self, keys: list[frozenset[int]], layout: Layout,
+              before: Layout) -> list[tuple[int, frozenset[int]]]:
+        """The groups of `before` absent from `layout`, each with the index in `keys` (the fill
+        order of `layout`) of the first group that would be filled after it."""
+        order, groups = self._order, layout.groups
+        gone = [k for k in before.groups if k not in groups]
+        if not gone:
+            return []
+        ranks = [order[k] for k in keys]
+        return sorted(((bisect_left(ranks, order[k]), k) for k in gone), key=_first)
 
     def _avx_and_cpu(self, layout: Layout, keys: list[frozenset[int]],
                      contribs: list[dict[int, float]]) -> tuple[dict[frozenset[int], float], dict[frozenset[int], float]]:

@@ -213,7 +213,7 @@ def _guest_layout_constraint(ctx: Context, layout: Layout, d: Decision) -> str:
 
 
 def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, lat: float, d: Decision) -> Scored:
-    ev2 = ctx.model.evaluate(after)
+    ev2 = ctx.model.evaluate(after, (layout, ev))
     lat2 = ctx.latency_loss(after)
     benefit = ev.total - ev2.total + lat - lat2
     if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up

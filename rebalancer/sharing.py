@@ -8,7 +8,7 @@ Used by both the planner's cost model and the node simulator, so both agree on w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def fill_order(cpus: frozenset[int]) -> tuple[int, tuple[int, ...]]:
@@ -25,6 +25,40 @@ def water_fill(groups: Sequence[tuple[frozenset[int], float]],
     out: list[dict[int, float]] = []
     for cpus, demand in groups:
         out.append(_fill_one(loads, cpus, demand))
+    return out, loads
+
+
+def water_fill_from(groups: Sequence[tuple[frozenset[int], float]],
+                    prior: Mapping[frozenset[int], tuple[float, dict[int, float]]],
+                    gone: Sequence[tuple[int, frozenset[int]]],
+                    ) -> tuple[list[dict[int, float]], dict[int, float]]:
+    """water_fill(groups), exactly, for a layout that differs from an earlier one in a few groups.
+
+    `prior`: the earlier layout's groups, cpuset -> (demand, grants); `gone`: its groups that
+    are absent now, as (index in `groups` of the first group filled after it, cpuset), by index.
+    A group's grants depend only on its demand and on the loads its CPUs carry when its turn
+    comes, which are the grants of the groups filled before it on those CPUs: a group with the
+    demand it had, none of whose CPUs a changed, new or vanished group filled before it touched
+    ("dirty" CPUs), gets the grants it got (the same dict), and adds them to the loads as
+    `_fill_one` would. Any other group is filled afresh and dirties its CPUs.
+    """
+    loads: dict[int, float] = {}
+    out: list[dict[int, float]] = []
+    dirty: set[int] = set()
+    g, get = 0, loads.get
+    for i, (cpus, demand) in enumerate(groups):
+        while g < len(gone) and gone[g][0] <= i:
+            dirty |= gone[g][1]
+            g += 1
+        was = prior.get(cpus)
+        if was is not None and was[0] == demand and cpus.isdisjoint(dirty):
+            contrib = was[1]
+            for c, x in contrib.items():  # as _fill_one: an idle CPU's load is x (0.0 + x)
+                loads[c] = get(c, 0.0) + x
+        else:
+            contrib = _fill_one(loads, cpus, demand)
+            dirty |= cpus
+        out.append(contrib)
     return out, loads
 
 
