@@ -17,7 +17,7 @@ from rebalancer.health import Health, measure, target_of
 from rebalancer.inputs import View, view
 from rebalancer.latency import Victim, co_load, is_victim, loss, measured_loss, victim_loss
 from rebalancer.state import PlannerState
-from rebalancer.topoindex import TopoIndex
+from rebalancer.topoindex import TopoIndex, index_of
 from rebalancer.vm import Sandbox, sandboxes
 
 
@@ -50,7 +50,7 @@ class Context:
     @classmethod
     def build(cls, snapshot: Snapshot, config: RebalancerConfig, state: PlannerState,
               smoothed: Mapping[str, Mapping[str, float]], now: float) -> Context:
-        idx = TopoIndex.build(snapshot.topology)
+        idx = index_of(snapshot.topology)
         vms = sandboxes((s.container for s in snapshot.containers), overhead_mcpu=config.vm_overhead_mcpu,
                         vmms=snapshot.vmms)
         sandbox_of = {m: sb for sb in vms for m in sb.members}

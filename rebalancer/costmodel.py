@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any
 from operator import mul
 
 from rebalancer.config import RebalancerConfig
@@ -101,6 +102,13 @@ class Layout:
         return Layout(placement=placement, classes=new_classes, groups=groups)
 
 
+def _table(idx: TopoIndex, name: str) -> dict[Any, Any]:
+    got = idx.memo.get((name,))
+    if got is None:
+        got = idx.memo[(name,)] = {}
+    return got  # type: ignore[return-value]
+
+
 def _first(pair: tuple[int, frozenset[int]]) -> int:
     return pair[0]
 
@@ -147,11 +155,11 @@ class CostModel:
                            (len(idx.l3s) > 1 or aggressor_class))
         self.bw_on = any(v.bandwidth > 0 for v in views.values())
         self.smt_on = config.smt_speed < 1.0 and idx.threads_per_core() > 1
-        self._frac_cache: dict[tuple[str, frozenset[int]], dict[int, float]] = {}
-        self._node_items_of: dict[frozenset[int], tuple[tuple[int, float], ...]] = {}
-        self._node_items_seen: dict[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]] = {}
+        self._frac_cache = _table(idx, "frac")
+        self._node_items_of = _table(idx, "node-items")
+        self._node_items_seen = _table(idx, "node-items-seen")
         self._k0: dict[str, float] = {}
-        self._order: dict[frozenset[int], tuple[int, tuple[int, ...]]] = {}
+        self._order = _table(idx, "fill-order")
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], Group] = {}
         # per container: (usage, AVX-512 usage, misses, bandwidth, requests outside VM sandboxes;
         # a VM pod's demand is its vCPUs)

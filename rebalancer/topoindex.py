@@ -1,7 +1,10 @@
 """A precomputed index of a Topology for the planner's hot loops.
 
 `Topology` answers questions by scanning its CPU tuple; the planner asks the same questions
-thousands of times per cycle, so it builds this index once per call (plain dicts of frozensets).
+thousands of times per cycle, so it builds this index (plain dicts of frozensets) and keeps it
+with its memo from one planning call to the next while the topology stays the same (`index_of`):
+a node's topology does not change between cycles and its containers' cpusets mostly do not, so
+the next cycle asks the allocator, the interned sets and the kernel list forms the same questions.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class TopoIndex:
     high_priority: frozenset[int]
     l3_size: int
     cpu_model: str
-    # memo of derived values of cpusets (per planning call; never visible outside)
+    # memo of derived values of cpusets: each a function of the topology and its key alone, so
+    # it may outlive a planning call (index_of); never visible outside
     memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -109,3 +113,32 @@ class TopoIndex:
 
     def threads_per_core(self) -> int:
         return max((len(s) for s in self.cores.values()), default=1)
+
+
+KEPT_INDEXES = 4  # topologies whose index index_of keeps (a node has one; tests and tools a few)
+MAX_MEMO = 8192  # memo entries an index may carry into a call (one 1000-container plan adds ~300)
+_kept: list[tuple[Topology, TopoIndex]] = []  # newest last
+
+
+def index_of(topology: Topology) -> TopoIndex:
+    """The index of `topology`, the same object (memo included) as for an earlier call with an
+    equal topology among the last `KEPT_INDEXES`, unless its memo has outgrown `MAX_MEMO` (then
+    a fresh one). An index depends on the CPUs, the L3 size and the CPU model only, and every
+    memo entry on the index and its key, so a kept one answers exactly as a fresh one would."""
+    for i, (t, idx) in enumerate(_kept):
+        if t is topology or (t.cpus == topology.cpus and t.l3_size_bytes == topology.l3_size_bytes
+                             and t.cpu_model == topology.cpu_model):
+            del _kept[i]
+            if _memo_size(idx) > MAX_MEMO:
+                idx = TopoIndex.build(topology)
+            _kept.append((topology, idx))
+            return idx
+    idx = TopoIndex.build(topology)
+    _kept.append((topology, idx))
+    del _kept[:-KEPT_INDEXES]
+    return idx
+
+
+def _memo_size(idx: TopoIndex) -> int:
+    """Entries of the memo, those of its tables (a dict value holds one kind of entry) included."""
+    return len(idx.memo) + sum(len(v) for v in idx.memo.values() if isinstance(v, dict))

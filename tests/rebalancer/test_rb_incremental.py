@@ -5,8 +5,11 @@ computation it replaces, on random nodes, for exact (bit-identical) equality: a 
 with Layout.moved against the same layout built whole, the water-filling loads against the sums
 of the grants, the licence probability from SMT sibling pairs against the per-core product, a
 group's sums in C against the member-by-member loop, move_costs against move_cost per container,
-and the allocator's remembered answers against a fresh index. tests/rebalancer/
-test_rb_plan_equivalence.py checks whole plans against the golden file.
+the allocator's remembered answers against a fresh index, a layout scored from the layout it
+was derived from (its water filling taken over where the change cannot reach) against the same
+layout scored whole, and plans made with an index kept from an earlier call against plans made
+with a fresh one. tests/rebalancer/test_rb_plan_equivalence.py checks whole plans against the
+golden file.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from rebalancer.context import Context
 from rebalancer.costmodel import (CostModel, Layout, licence_by_core, licence_by_pairs, move_cost,
                                   move_costs, sum_each, sum_plain)
 from rebalancer.inputs import smooth
-from rebalancer.sharing import fill_order, water_fill
+from rebalancer import plan, topoindex
+from rebalancer.sharing import fill_order, water_fill, water_fill_from
 from rebalancer.state import PlannerState
 from rebalancer.topoindex import TopoIndex
 
-from rb_builders import SKYLAKE, sample, snap, topo
+from rb_builders import SKYLAKE, avx_vs_scalar, sample, snap, topo
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CFG = RebalancerConfig()
@@ -86,6 +90,62 @@ def test_a_moved_layout_scores_exactly_as_the_same_layout_built_whole(data: st.D
     # control: a move that changes where a container runs changes the groups
     if any(base.placement[c] != t for c, t in targets.items()):
         assert _sums(after) != _sums(base)
+
+
+@SETTINGS
+@given(st.data(), contexts(), st.sampled_from(["", RDT]))
+def test_a_layout_scored_from_its_parent_scores_exactly_as_scored_whole(data: st.DataObject, ctx: Context,
+                                                                        rdt: str) -> None:
+    model = CostModel(idx=ctx.idx, views=ctx.views, config=CFG, aggressor_class=rdt)
+    base = model.layout(ctx.base.placement, ctx.base.classes)
+    model.set_baseline(base)
+    ev = model.evaluate(base)
+    after = base.moved(model, *_moves(data.draw, ctx))
+    ev_after = model.evaluate(after, (base, ev))
+    assert ev_after == model.evaluate(after)
+    # a second decision from the first one's layout, as the greedy loop takes it
+    again = after.moved(model, *_moves(data.draw, ctx))
+    assert model.evaluate(again, (after, ev_after)) == model.evaluate(again)
+
+
+GROUPS = st.lists(st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=8, unique=True),
+                            st.floats(0.0, 6.0)), max_size=8)
+
+
+def _in_fill_order(groups: list[tuple[list[int], float]]) -> list[tuple[frozenset[int], float]]:
+    unique = {frozenset(c): d for c, d in groups}
+    return sorted(unique.items(), key=lambda g: fill_order(g[0]))
+
+
+@SETTINGS
+@given(GROUPS, GROUPS, st.data())
+def test_water_filling_from_an_earlier_layout_grants_exactly_what_filling_afresh_does(
+        old: list[tuple[list[int], float]], new: list[tuple[list[int], float]], data: st.DataObject) -> None:
+    before = _in_fill_order(old)
+    # the new layout: some earlier groups kept (some with another demand), others new
+    kept = [(k, data.draw(st.sampled_from([d, d + 0.5]))) for k, d in before if data.draw(st.booleans())]
+    now = _in_fill_order([(sorted(k), d) for k, d in kept] + new)
+    grants, _ = water_fill(before)
+    prior = {k: (d, g) for (k, d), g in zip(before, grants)}
+    keys = [k for k, _ in now]
+    gone = [(sum(fill_order(k) < fill_order(r) for k in keys), r) for r, _ in before if r not in dict(now)]
+    got = water_fill_from(now, prior, sorted(gone, key=lambda x: x[0]))
+    assert got == water_fill(now)
+    # control: with nothing changed every group keeps the grants it had, the same dicts
+    same, _ = water_fill_from(before, prior, [])
+    assert all(g is prior[k][1] for (k, _), g in zip(before, same))
+
+
+def test_a_group_filled_after_a_vanished_or_changed_one_on_its_cpus_is_filled_afresh() -> None:
+    one, two, far = frozenset({0}), frozenset({0, 1}), frozenset({2, 3})
+    before = [(one, 1.0), (two, 1.0), (far, 1.0)]
+    grants, _ = water_fill(before)
+    prior = {k: (d, g) for (k, d), g in zip(before, grants)}
+    for now, gone in (([(two, 1.0), (far, 1.0)], [(0, one)]),  # the single CPU's group went
+                      ([(one, 0.5), (two, 1.0), (far, 1.0)], [])):  # it asks for less
+        got, loads = water_fill_from(now, prior, gone)
+        assert (got, loads) == water_fill(now)
+        assert got[-2] != prior[two][1] and got[-1] is prior[far][1]  # CPU 0 freed; 2-3 untouched
 
 
 @SETTINGS
@@ -186,3 +246,22 @@ def test_a_built_record_equals_the_one_its_init_makes_and_stays_frozen() -> None
         built(Action, {**fields, "extra": 1})
     with pytest.raises(TypeError, match="__post_init__"):
         built(Container, {})
+
+
+def test_an_equal_topology_gets_the_kept_index_and_plans_as_with_a_fresh_one() -> None:
+    s = avx_vs_scalar()
+    first = plan(s, CFG, None, 0.0)
+    assert first.actions
+    idx = topoindex.index_of(s.topology)
+    assert idx.memo  # the first plan left its answers there
+    assert topoindex.index_of(topo()) is idx  # an equal topology, another object
+    again = plan(s, CFG, None, 0.0)
+    topoindex._kept.clear()
+    fresh = plan(s, CFG, None, 0.0)
+    assert topoindex.index_of(s.topology) is not idx
+    assert repr(again) == repr(first) == repr(fresh)
+    # control: another topology gets its own index; an overgrown memo is not carried on
+    assert topoindex.index_of(topo(cores=2)) is not topoindex.index_of(s.topology)
+    grown = topoindex.index_of(s.topology)
+    grown.memo.update({("test", i): i for i in range(topoindex.MAX_MEMO + 1)})
+    assert topoindex.index_of(s.topology) is not grown
