@@ -22,7 +22,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
-from operator import mul
+from operator import itemgetter, mul
 
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
@@ -414,11 +414,17 @@ Inputs = Mapping[str, tuple[float, float, float, float, int]]  # usage, AVX usag
 
 def sum_plain(inputs: Inputs, members: tuple[str, ...]) -> Group:
     """A group none of whose members is RDT-restricted: each field summed in member order.
-    sum() adds floats one by one from 0, as sum_each does, only in C."""
+    sum() adds floats one by one from 0, as sum_each does, only in C. Column by column with
+    itemgetter: zip(*rows) would make an iterator per member (a thousand in a pool), each one
+    an object for the garbage collector to count and visit."""
     if not members:
         return Group(members=[])
-    u, au, m, b, req = map(sum, zip(*map(inputs.__getitem__, members)))
+    rows = list(map(inputs.__getitem__, members))
+    u, au, m, b, req = (sum(map(col, rows)) for col in _COLUMNS)
     return Group(members=list(members), u=u, au=au, m=m, mr=0.0, b=b, req=req)
+
+
+_COLUMNS = tuple(itemgetter(i) for i in range(5))
 
 
 def sum_each(inputs: Inputs, members: tuple[str, ...], restricted: frozenset[str]) -> Group:
@@ -517,6 +523,41 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
         out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
                     disruption)
     return out
+
+
+def move_cost_total(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
+                    idx: TopoIndex, config: RebalancerConfig) -> float:
+    """sum(sum(c) for c in move_costs(...).values()): the same float operations in the same
+    order, without a tuple per container (the greedy loop needs the total of every candidate
+    above the margin, the parts only of the one it picks; a thousand tuples per candidate are
+    as many objects for the garbage collector)."""
+    total = 0  # as sum(): int 0 plus the first container's
+    pairs: dict[tuple[frozenset[int], frozenset[int]], tuple[float, dict[frozenset[int], float]] | None] = {}
+    refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
+    disruption = config.disruption_core_seconds
+    last_frm = last_to = pair = None
+    for cid, to in targets.items():
+        frm = placement[cid]
+        if frm is to:
+            total += 0.0  # sum((0.0, 0.0, 0.0))
+            continue
+        if frm is not last_frm or to is not last_to:
+            last_frm, last_to = frm, to
+            key = (frm, to)
+            if key not in pairs:
+                pairs[key] = None if frm == to else (_cold_fraction(idx, frm, to), {})
+            pair = pairs[key]
+        if pair is None:
+            total += 0.0
+            continue
+        v = views[cid]
+        cold, moved_of = pair
+        moved = moved_of.get(v.mems)
+        if moved is None:
+            moved = moved_of[v.mems] = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to)
+        # sum((refill, migration, disruption)) adds from int 0, left to right
+        total += 0 + (v.occupancy or 0.0) * cold / refill_bw + v.memory_bytes * moved / migration_bw + disruption
+    return total
 
 
 def _cold_fraction(idx: TopoIndex, frm: frozenset[int], to: frozenset[int]) -> float:

@@ -25,7 +25,7 @@ from rebalancer.config import RebalancerConfig
 from rebalancer.constraints import holder_move_problem, numa_move_problem, sandbox_mask, spans_needlessly
 from rebalancer.affinity import hard_worsened
 from rebalancer.context import Context
-from rebalancer.costmodel import Evaluation, Layout, move_costs
+from rebalancer.costmodel import Evaluation, Layout, move_cost_total, move_costs
 from rebalancer.decisions import Decision, candidates
 from rebalancer.evaluate import judge_pending
 from rebalancer.health import measure, noise, push
@@ -44,7 +44,8 @@ class Scored:
     layout: Layout
     evaluation: Evaluation
     benefit: float
-    costs: Mapping[str, tuple[float, float, float]]  # container -> (refill, migration, disruption)
+    # container -> (refill, migration, disruption); only once picked (_greedy), `cost` always
+    costs: Mapping[str, tuple[float, float, float]]
     cost: float  # amortized, core-s/s
     latency: float = 0.0  # L_lat of `layout` (rebalancer/latency.py)
     saved_latency: float = 0.0  # the part of `benefit` from L_lat
@@ -108,6 +109,8 @@ def _greedy(ctx: Context, moved_now: set[str], considered: list[dict[str, Any]])
             for s in above:
                 _note(considered, s.decision, f"cap: max_moves_per_cycle={ctx.config.max_moves_per_cycle}", s)
             return chosen
+        if not best.costs:
+            best = replace(best, costs=_costs(ctx, layout, best.decision))
         chosen.append(best)
         layout, ev, lat = best.layout, best.evaluation, best.latency
         moved_now |= set(best.decision.cpus) | set(best.decision.classes)
@@ -219,13 +222,23 @@ def _score(ctx: Context, layout: Layout, after: Layout, ev: Evaluation, lat: flo
     if benefit <= ctx.config.margin:  # costs are >= 0: no need to add them up
         return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs={}, cost=0.0,
                       latency=lat2, saved_latency=lat - lat2)
+    if d.classes:
+        costs = _costs(ctx, layout, d)
+        one_time = sum(sum(c) for c in costs.values())
+    else:  # the parts only if it is picked (_greedy): the same total
+        costs = {}
+        one_time = move_cost_total(ctx.views, layout.placement, d.cpus, ctx.idx, ctx.config)
+    return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs=costs,
+                  cost=one_time / ctx.config.amortize_seconds, latency=lat2, saved_latency=lat - lat2)
+
+
+def _costs(ctx: Context, layout: Layout, d: Decision) -> dict[str, tuple[float, float, float]]:
+    """Each container's one-time (refill, migration, disruption) core-seconds of `d` from `layout`."""
     costs = move_costs(ctx.views, layout.placement, d.cpus, ctx.idx, ctx.config)
     for cid in d.classes:
         occ = ctx.views[cid].occupancy or 0.0
         costs[cid] = (occ / ctx.config.refill_bandwidth, 0.0, ctx.config.disruption_core_seconds)
-    one_time = sum(sum(c) for c in costs.values())
-    return Scored(decision=d, layout=after, evaluation=ev2, benefit=benefit, costs=costs,
-                  cost=one_time / ctx.config.amortize_seconds, latency=lat2, saved_latency=lat - lat2)
+    return costs
 
 
 def _victims(ctx: Context, s: Scored) -> tuple[dict[str, float], dict[str, float]]:

@@ -4,12 +4,12 @@ Each shortcut of rebalancer/ that plan() takes at 1000 containers is checked aga
 computation it replaces, on random nodes, for exact (bit-identical) equality: a layout derived
 with Layout.moved against the same layout built whole, the water-filling loads against the sums
 of the grants, the licence probability from SMT sibling pairs against the per-core product, a
-group's sums in C against the member-by-member loop, move_costs against move_cost per container,
-the allocator's remembered answers against a fresh index, a layout scored from the layout it
-was derived from (its water filling taken over where the change cannot reach) against the same
-layout scored whole, and plans made with an index kept from an earlier call against plans made
-with a fresh one. tests/rebalancer/test_rb_plan_equivalence.py checks whole plans against the
-golden file.
+group's sums in C against the member-by-member loop, move_costs against move_cost per container
+and move_cost_total against their sum, the allocator's remembered answers against a fresh index,
+a layout scored from the layout it was derived from (its water filling taken over where the
+change cannot reach) against the same layout scored whole, and plans made with an index kept
+from an earlier call against plans made with a fresh one (issue #16, round 4).
+tests/rebalancer/test_rb_plan_equivalence.py checks whole plans against the golden file.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rebalancer import RebalancerConfig
 from rebalancer.allocator import allocate
 from rebalancer.context import Context
 from rebalancer.costmodel import (CostModel, Layout, licence_by_core, licence_by_pairs, move_cost,
-                                  move_costs, sum_each, sum_plain)
+                                  move_cost_total, move_costs, sum_each, sum_plain)
 from rebalancer.inputs import smooth
 from rebalancer import plan, topoindex
 from rebalancer.sharing import fill_order, water_fill, water_fill_from
@@ -200,6 +200,11 @@ def test_move_costs_are_move_cost_of_each_container(data: st.DataObject, ctx: Co
     got = move_costs(ctx.views, ctx.base.placement, targets, ctx.idx, CFG)
     assert list(got) == list(targets)
     assert got == {c: move_cost(ctx.views[c], ctx.base.placement[c], t, ctx.idx, CFG) for c, t in targets.items()}
+    total = move_cost_total(ctx.views, ctx.base.placement, targets, ctx.idx, CFG)
+    assert repr(total) == repr(sum(sum(c) for c in got.values()))
+    # control: moving anything costs at least the disruption
+    if targets:
+        assert total >= CFG.disruption_core_seconds or all(ctx.base.placement[c] == t for c, t in targets.items())
 
 
 @SETTINGS
