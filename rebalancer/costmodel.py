@@ -306,10 +306,10 @@ class CostModel:
     def _license_probability(self, avx_t: Mapping[int, float]) -> dict[int, float]:
         """Per CPU, P(its core holds a license) = 1 - prod over the core's threads of (1 - AVX
         busy fraction); CPUs of cores without AVX-512 time are absent (0)."""
-        free_of = {cpu: 1.0 - (a if a < 1.0 else 1.0) for cpu, a in avx_t.items()}  # 1 - min(1, a)
         sibling = self.idx.sibling_of()
         if sibling is not None:
-            return licence_by_pairs(sibling, free_of)
+            return licence_by_busy_pairs(sibling, avx_t)
+        free_of = {cpu: 1.0 - (a if a < 1.0 else 1.0) for cpu, a in avx_t.items()}  # 1 - min(1, a)
         return licence_by_core(self.idx.core_of, self.idx.cores, free_of)
 
     def _bandwidth_rates(self, layout: Layout, keys: list[frozenset[int]]) -> dict[frozenset[int], float]:
@@ -462,6 +462,22 @@ def licence_by_pairs(sibling: Mapping[int, int], free_of: Mapping[int, float]) -
     for cpu, f in free_of.items():
         s = sibling[cpu]
         out[s] = out[cpu] = 1.0 - f * get(s, 1.0)
+    return out
+
+
+def licence_by_busy_pairs(sibling: Mapping[int, int], avx_t: Mapping[int, float]) -> dict[int, float]:
+    """licence_by_pairs(sibling, {cpu: 1 - min(1, a)}) in one pass over the cores: each core's
+    value once, from its threads' factors (a product is the same in either order, and f * 1.0
+    is f), without the intermediate map."""
+    out: dict[int, float] = {}
+    get = avx_t.get
+    for cpu, a in avx_t.items():
+        if cpu in out:
+            continue
+        s = sibling[cpu]
+        b = get(s)
+        f = 1.0 - (a if a < 1.0 else 1.0)
+        out[s] = out[cpu] = 1.0 - (f * (1.0 - (b if b < 1.0 else 1.0)) if b is not None else f * 1.0)
     return out
 
 

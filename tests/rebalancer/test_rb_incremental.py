@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from rebalancer import RebalancerConfig
 from rebalancer.allocator import allocate
 from rebalancer.context import Context
-from rebalancer.costmodel import (CostModel, Layout, licence_by_core, licence_by_pairs, move_cost,
-                                  move_cost_total, move_costs, sum_each, sum_plain)
+from rebalancer.costmodel import (CostModel, Layout, licence_by_busy_pairs, licence_by_core, licence_by_pairs,
+                                  move_cost, move_cost_total, move_costs, sum_each, sum_plain)
 from rebalancer.inputs import smooth
 from rebalancer import plan, topoindex
 from rebalancer.sharing import fill_order, water_fill, water_fill_from
@@ -169,10 +169,13 @@ def test_water_filling_loads_are_the_sums_of_the_grants_in_order(groups: list[tu
 def test_licence_from_sibling_pairs_is_the_per_core_product(data: st.DataObject, cores: int, packages: int) -> None:
     idx = TopoIndex.build(topo(cores=cores, threads=2, packages=packages))
     cpus = data.draw(st.lists(st.sampled_from(sorted(idx.online)), unique=True))
-    free_of = {c: 1.0 - min(1.0, data.draw(st.floats(0.0, 1.5))) for c in cpus}
+    avx_t = {c: data.draw(st.floats(0.0, 1.5)) for c in cpus}
+    free_of = {c: 1.0 - min(1.0, a) for c, a in avx_t.items()}
     sibling = idx.sibling_of()
     assert sibling is not None
-    assert licence_by_pairs(sibling, free_of) == licence_by_core(idx.core_of, idx.cores, free_of)
+    by_core = licence_by_core(idx.core_of, idx.cores, free_of)
+    assert licence_by_pairs(sibling, free_of) == by_core
+    assert licence_by_busy_pairs(sibling, avx_t) == by_core
 
 
 def test_the_sibling_shortcut_is_taken_only_where_every_core_has_two_threads() -> None:
