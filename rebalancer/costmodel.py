@@ -81,11 +81,15 @@ class Layout:
         touched = set(cpus)
         if classes:
             touched.update(classes)
-        old_place = self.placement
-        leaving = dict.fromkeys(old_place[cid] for cid in touched)
+        leaving = dict.fromkeys(map(self.placement.__getitem__, touched))
+        # joiners in the decision's order (sorted runs, mostly: the sort in build_group merges
+        # them instead of sorting a thousand ids from the set's order)
         joining: dict[frozenset[int], list[str]] = {}
-        for cid in touched:
-            joining.setdefault(placement[cid], []).append(cid)
+        for cid, to in cpus.items():
+            joining.setdefault(to, []).append(cid)
+        for cid in classes or ():
+            if cid not in cpus:
+                joining.setdefault(placement[cid], []).append(cid)
         for k in leaving.keys() | joining.keys():
             g = groups.get(k)
             old = g.members if g is not None else []

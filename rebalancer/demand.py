@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rebalancer.config import RebalancerConfig
-from rebalancer.inputs import View
+from rebalancer.inputs import View, with_bandwidth
 from rebalancer.topoindex import TopoIndex
 
 
@@ -57,7 +57,7 @@ def offered(views: Mapping[str, View], placement: Mapping[str, frozenset[int]], 
             continue
         t_now = 1.0 / v.ips_per_core
         extra = v.mpki * per_mpki * e  # seconds per instruction the load adds
-        out[cid] = v._replace(bandwidth=v.bandwidth * t_now / max(t_now - extra, 0.1 * t_now))
+        out[cid] = with_bandwidth(v, v.bandwidth * t_now / max(t_now - extra, 0.1 * t_now))
     return out
 
 
