@@ -133,7 +133,8 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
                 masks: Mapping[str, frozenset[int]]) -> str:
     """Targets inside the shareable CPUs, one NUMA node when they fit, VM pods whole and on their
     NUMA nodes, demand fits. `masks`: every VM pod's mask in `layout` (before `d`)."""
-    why = _target_constraint(ctx, d)
+    targets = set(d.cpus.values())  # a few distinct targets for hundreds of containers (C-level)
+    why = _target_constraint(ctx, d, targets)
     if why:
         return why
     why = _sandbox_constraint(ctx, layout, d)
@@ -142,10 +143,10 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
     hard = hard_worsened(ctx.idx, ctx.model.pairs, layout.placement, after.placement) if ctx.model.pairs else None
     if hard is not None:
         return f"constraint: hard anti-affinity {hard.a} / {hard.b} ({hard.term}) would share more"
-    targets = set({id(c): c for c in d.cpus.values()}.values())
-    vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
-    masks = {**masks, **{pod: sandbox_mask(after.placement, sb) for pod, sb in vms.items()}}
-    targets |= {masks[pod] for pod in vms}
+    if ctx.sandbox_of:  # VM pods: their masks after the move are targets too
+        vms = {ctx.sandbox_of[cid].pod: ctx.sandbox_of[cid] for cid in d.cpus if cid in ctx.sandbox_of}
+        masks = {**masks, **{pod: sandbox_mask(after.placement, sb) for pod, sb in vms.items()}}
+        targets |= {masks[pod] for pod in vms}
     for cpus in sorted(targets, key=sorted):
         need = mcpu.total(g.req for k, g in after.groups.items() if k <= cpus)
         need += mcpu.total(sb.mcpu for sb in ctx.sandboxes if masks[sb.pod] and masks[sb.pod] <= cpus)
@@ -154,11 +155,10 @@ def _constraint(ctx: Context, layout: Layout, after: Layout, d: Decision,
     return ""
 
 
-def _target_constraint(ctx: Context, d: Decision) -> str:
+def _target_constraint(ctx: Context, d: Decision, targets: set[frozenset[int]]) -> str:
     """The first container (by id) whose target is outside the shareable CPUs, or allocated
     across NUMA nodes needlessly. A decision moves hundreds of containers to a few targets:
     when every target is inside, only the allocated containers need a look."""
-    targets = {id(c): c for c in d.cpus.values()}.values()
     if all(cpus and cpus <= ctx.free for cpus in targets):
         ids = sorted(d.allocated & d.cpus.keys())
     else:
