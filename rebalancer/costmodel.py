@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import groupby, repeat
 from typing import Any
 from operator import itemgetter, mul
 
@@ -85,8 +85,8 @@ class Layout:
         # joiners in the decision's order (sorted runs, mostly: the sort in build_group merges
         # them instead of sorting a thousand ids from the set's order)
         joining: dict[frozenset[int], list[str]] = {}
-        for cid, to in cpus.items():
-            joining.setdefault(to, []).append(cid)
+        for to, run in groupby(cpus.items(), key=_target):  # runs of one target, in C
+            joining.setdefault(to, []).extend(map(_moved_id, run))
         for cid in classes or ():
             if cid not in cpus:
                 joining.setdefault(placement[cid], []).append(cid)
@@ -111,6 +111,9 @@ def _table(idx: TopoIndex, name: str) -> dict[Any, Any]:
     if got is None:
         got = idx.memo[(name,)] = {}
     return got  # type: ignore[return-value]
+
+
+_moved_id, _target = itemgetter(0), itemgetter(1)
 
 
 def _first(pair: tuple[int, frozenset[int]]) -> int:

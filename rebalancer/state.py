@@ -18,6 +18,12 @@ EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def frozen_map(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only copy of `d` in key order. Mostly `d` already is (the planner builds its maps
+    in snapshot order, which is id order): then the keys alone are sorted, to check, and no
+    (key, value) pair per entry is made for the garbage collector to count."""
+    keys = list(d)
+    if keys == sorted(keys):
+        return MappingProxyType(dict(d))
     return MappingProxyType(dict(sorted(d.items())))
 
 

@@ -273,3 +273,20 @@ def test_an_equal_topology_gets_the_kept_index_and_plans_as_with_a_fresh_one() -
     grown = topoindex.index_of(s.topology)
     grown.memo.update({("test", i): i for i in range(topoindex.MAX_MEMO + 1)})
     assert topoindex.index_of(s.topology) is not grown
+
+
+@SETTINGS
+@given(st.dictionaries(st.text(max_size=4), st.floats(allow_nan=False), max_size=12), st.booleans())
+def test_a_frozen_map_of_keys_in_order_is_the_one_sorted_by_items(d: dict[str, float], in_order: bool) -> None:
+    from types import MappingProxyType
+
+    from rebalancer.state import frozen_map
+
+    if in_order:
+        d = dict(sorted(d.items()))
+    got = frozen_map(d)
+    assert isinstance(got, MappingProxyType)
+    assert list(got.items()) == sorted(d.items())
+    # control: the copy is read-only and does not follow the source
+    d["zzzzz"] = 1.0
+    assert "zzzzz" not in got
