@@ -290,3 +290,34 @@ def test_a_frozen_map_of_keys_in_order_is_the_one_sorted_by_items(d: dict[str, f
     # control: the copy is read-only and does not follow the source
     d["zzzzz"] = 1.0
     assert "zzzzz" not in got
+
+
+METRIC = st.one_of(st.none(), st.sampled_from([0.0, -0.0, -1.0, 0.005]), st.floats(-10.0, 1e9))
+
+
+@SETTINGS
+@given(st.fixed_dictionaries({}, optional={k: METRIC.filter(lambda x: x is not None) for k in (
+    "cpu_usage_cores", "llc_misses_per_second", "llc_mpki", "memory_bandwidth_bytes_per_second",
+    "instructions_per_second", "memory_bytes", "llc_occupancy_bytes", "avx512_heavy")}),
+    st.integers(-100, 4000), st.integers(-1, 2**31))
+def test_a_view_has_the_fields_the_plain_formulas_give(m: dict[str, float], request: int, memory: int) -> None:
+    from dataclasses import replace
+
+    from rebalancer.inputs import View, view
+
+    s = sample("c", "0-1", request=0)
+    s = replace(s, container=replace(s.container, request_mcpu=request, memory_bytes=memory))
+    usage = max(0.0, m.get("cpu_usage_cores", 0.0))
+    ips = m.get("instructions_per_second")
+    want = View(id="c", usage=usage, request_mcpu=max(0, request),
+                heavy=m.get("avx512_heavy", 0.0) > CFG.avx512_heavy_threshold,
+                misses=max(0.0, m.get("llc_misses_per_second", 0.0)), mpki=max(0.0, m.get("llc_mpki", 0.0)),
+                occupancy=m.get("llc_occupancy_bytes"),
+                bandwidth=max(0.0, m.get("memory_bandwidth_bytes_per_second", 0.0)),
+                memory_bytes=int(max(memory, m.get("memory_bytes", 0.0))),
+                ips_per_core=ips / usage if ips is not None and usage > 0.01 else None,
+                exclusive=False, rdt_class="", cpuset=frozenset({0, 1}), mems=frozenset(), sandbox_pod="p")
+    got = view(s, m, CFG, "p")
+    assert type(got) is View and repr(got) == repr(want)  # repr: 0.0 and -0.0 apart
+    # control: a negative usage is no usage
+    assert view(s, {**m, "cpu_usage_cores": -1.0}, CFG).usage == 0.0
