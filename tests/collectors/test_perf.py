@@ -218,7 +218,7 @@ def test_a_task_moved_since_it_last_switched_out_does_not_take_its_old_cgroups_t
         host: HostPaths, cgroups: Cgroups) -> None:
     # Its pmu_task entry still names the old cgroup: skipping the read at its switch-in would
     # credit the parent's unread time to the cgroup it moved into (cgroup_attach_task makes the
-    # entry stale). Before that, `moved` got 0.1-0.6 s of the loops' time here, `parent` as much less.
+    # entry stale): `moved` would get up to a whole gap of the loops' time per round.
     col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
     assert col.start().up
     try:
