@@ -51,6 +51,7 @@ class Decision:
     allocated: frozenset[str] = frozenset()  # containers whose target came from the allocator
     island: frozenset[str] = frozenset()  # containers moved onto an AVX-512 island
     followers: frozenset[str] = frozenset()  # moved only because their VM pod moves
+    cohort: frozenset[str] = frozenset()  # moved with the primary for the same reason (a return)
 
 
 def candidates(ctx: Context, layout: Layout) -> list[Decision]:
@@ -281,6 +282,7 @@ def _returns(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decis
         if near and movers:
             target, n = ctx.idx.intern(here | near), len(movers)
             out.append(Decision(kind="island_return", primary=movers[0], cpus=dict.fromkeys(movers, target),
+                                cohort=frozenset(movers),
                                 reason=f"return: {movers[0]}" + (f" and {n - 1} more" if n > 1 else "")
                                        + f" widened over whole cores {_fmt(near)} that no container uses "
                                        f"(to {_fmt(target)})"))
