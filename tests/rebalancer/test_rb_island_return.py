@@ -112,3 +112,25 @@ def test_avx512_jobs_coming_and_going_confine_and_return_once_each(seed: int) ->
         sc.apply(p.actions, cpus, classes)
     assert kinds == [(5, "AVX-512 island"), (25, "return"), (40, "AVX-512 island"), (60, "return")]
     assert all(CpuSet(cpus[w.id]) == CpuSet.parse("0-15") for w in base.workloads)
+
+
+@pytest.mark.parametrize("solver_there", [False, True])
+def test_siblings_a_shield_cleared_come_back_when_the_exclusive_avx512_container_is_gone(solver_there: bool) -> None:
+    # kubelet static policy, one socket of 8 cores x 2 threads (CPU c and c + 8 are siblings),
+    # reserved core 0; pricing has CPU 3 to itself; the shield had cleared 10, the sibling of the
+    # exclusive AVX-512 solver's CPU 2, off the shared pool's five busy services
+    t = topo(cores=8)
+    exclusive = {("pod-g2", "pricing"): "3"}
+    others = [sample("pricing", "3", request=1000, exclusive=True, pod_uid="pod-g2", cpu_usage_cores=1.0)]
+    if solver_there:
+        exclusive[("pod-g1", "solver")] = "2"
+        others.append(sample("solver", "2", request=1000, exclusive=True, pod_uid="pod-g1",
+                             cpu_usage_cores=1.0, avx512_heavy=1.0))
+    webs = [sample(f"web-{i}", "1,4-7,9,11-15", request=600, cpu_usage_cores=1.2) for i in range(5)]
+    s = snap(t, *others, *webs, reserved="0,8", exclusive=exclusive)
+    p = plan(s, CFG, None, s.time)
+    if solver_there:  # control: the shield's reason is still there
+        assert _moves(p) == {}
+    else:  # CPU 2 is back in the pool: 2 and 10 are a whole core nobody uses
+        assert _moves(p) == {f"web-{i}": "1-2,4-7,9-15" for i in range(5)}
+        assert p.actions[0].detail["saved_smt"] > CFG.margin
