@@ -244,7 +244,7 @@ class CostModel:
         parts = {"avx512": avx_sum, "llc": sum(stalls.values()), "bandwidth": bw_sum, "cpu": cpu_sum}
         if self.smt_on:
             if self.shareable is not None:
-                loads = balanced_loads(list(zip(keys, contribs)), loads, self.idx, self.shareable)
+                loads = balanced_loads(keys, contribs, loads, self.idx, self.shareable)
             parts["smt"] = smt_lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)

@@ -56,8 +56,8 @@ def _cores(idx: TopoIndex) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int
     return hit  # type: ignore[return-value]
 
 
-def balanced_loads(groups: Sequence[tuple[frozenset[int], Mapping[int, float]]], loads: Mapping[int, float],
-                   idx: TopoIndex, shareable: frozenset[int]) -> Mapping[int, float]:
+def balanced_loads(keys: Sequence[frozenset[int]], contribs: Sequence[Mapping[int, float]],
+                   loads: Mapping[int, float], idx: TopoIndex, shareable: frozenset[int]) -> Mapping[int, float]:
     """The per-CPU loads as the kernel's load balancer leaves them when shareable whole cores
     are in no container's cpuset (an emptied AVX-512 island): `loads` itself otherwise.
 
@@ -67,13 +67,13 @@ def balanced_loads(groups: Sequence[tuple[frozenset[int], Mapping[int, float]]],
     as many of a cpuset's threads: a group G spanning domains d takes, in each, its granted
     time in proportion to |G ∩ d| + the idle cores' CPUs in d, spread evenly over G ∩ d (each
     CPU held to [0, 1]). The kernel's `sg_imbalanced` retry after a pinned task blocked a pull
-    can undo part of it; the model does not count on that. `groups`: (cpuset, granted time
-    per CPU) in water-filling order."""
-    unused = _unused(groups, shareable, idx)
+    can undo part of it; the model does not count on that. `keys`: the groups' cpusets in
+    water-filling order (smallest first), `contribs`: each one's granted time per CPU."""
+    unused = _unused(keys, shareable, idx)
     if not unused:
         return loads
     out: dict[int, float] | None = None
-    for cpus, contrib in groups:
+    for cpus, contrib in zip(keys, contribs):
         doms = sorted(idx.l3s_of(cpus))
         idle = [len(unused & idx.l3s[d]) for d in doms]
         if len(doms) < 2 or not any(idle):
@@ -89,10 +89,9 @@ def balanced_loads(groups: Sequence[tuple[frozenset[int], Mapping[int, float]]],
     return loads if out is None else out
 
 
-def _unused(groups: Sequence[tuple[frozenset[int], Mapping[int, float]]], shareable: frozenset[int],
-            idx: TopoIndex) -> frozenset[int]:
+def _unused(keys: Sequence[frozenset[int]], shareable: frozenset[int], idx: TopoIndex) -> frozenset[int]:
     """Shareable CPUs of whole cores that no group's cpuset holds (none when a group holds the
-    whole shareable pool, the common case: one subset test)."""
-    if any(len(k) >= len(shareable) and shareable <= k for k, _ in groups):
+    whole shareable pool, the common case: the largest cpusets come last, so one subset test)."""
+    if any(len(k) >= len(shareable) and shareable <= k for k in reversed(keys)):
         return frozenset()
-    return idx.full_cores_within(shareable.difference(*(k for k, _ in groups)))
+    return idx.full_cores_within(shareable.difference(*keys))
