@@ -293,8 +293,6 @@ def _freed_beside(ctx: Context, here: frozenset[int], unused: frozenset[int],
                   island: frozenset[int]) -> frozenset[int]:
     """The unused cores in the L3 domains of `here` when `here` holds every other shareable
     CPU there but for AVX-512 islands (the shape an island's evictions leave), else none."""
-    if not here <= ctx.free:  # not an eviction's rest, which is always shareable
-        return frozenset()
     domains = frozenset().union(*(ctx.idx.l3s[d] for d in ctx.idx.l3s_of(here))) & ctx.free
     near = domains & unused
     return near if near and here | near | (island & domains) == domains else frozenset()
