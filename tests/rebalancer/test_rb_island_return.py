@@ -134,3 +134,13 @@ def test_siblings_a_shield_cleared_come_back_when_the_exclusive_avx512_container
     else:  # CPU 2 is back in the pool: 2 and 10 are a whole core nobody uses
         assert _moves(p) == {f"web-{i}": "1-2,4-7,9-15" for i in range(5)}
         assert p.actions[0].detail["saved_smt"] > CFG.margin
+
+
+@pytest.mark.parametrize("on_reserved", [False, True])
+def test_only_cpusets_inside_the_shareable_cpus_are_returned(on_reserved: bool) -> None:
+    # reserved core 0 (CPUs 0, 8), core 1 (1, 9) used by nobody; an island's eviction leaves
+    # shareable CPUs only, a cpuset that also holds reserved ones was not confined by the planner
+    cpus = "0,2-8,10-15" if on_reserved else CONFINED
+    s = snap(T, *_webs(cpus), reserved="0,8")
+    moves = _moves(plan(s, CFG, None, s.time))
+    assert moves == ({} if on_reserved else dict.fromkeys(WEBS, "1-7,9-15"))
