@@ -38,6 +38,7 @@ PROGRAMS: dict[str, Program] = {
         doc="FPU-state switches per cgroup: ZMM_Hi256 (512-bit), EVEX-256 only, all"),
     "pmu": Program(
         name="pmu", file="pmu.bpf.c", tracepoint=("sched", "sched_switch"),
+        also=(("sched", "sched_process_fork"), ("cgroup", "cgroup_attach_task")),
         defines=("PB_NEVENTS", "PB_NCPU", "PB_MAX_KEYS", "PB_KEY_PID", "PB_TASK_BITS", "PB_NO_READS"),
         doc="per-CPU perf counters attributed to the outgoing task's cgroup at sched_switch"),
     "runqlat": Program(

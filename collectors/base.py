@@ -33,15 +33,22 @@ class Collector(Protocol):
 
 
 class LogOnce:
-    """Log each distinct message of a collector once (cadvisor logs missing features once)."""
+    """Log each distinct message of a collector once (cadvisor logs missing features once).
 
-    def __init__(self, logger: logging.Logger) -> None:
+    Messages can name a container, and containers come and go for as long as the agent runs: at
+    most `remember` messages are kept, the oldest forgotten first (a forgotten one that recurs is
+    logged once more)."""
+
+    def __init__(self, logger: logging.Logger, *, remember: int = 1024) -> None:
         self.logger = logger
-        self._seen: set[str] = set()
+        self.remember = remember
+        self._seen: dict[str, None] = {}  # insertion-ordered: the oldest first
 
     def warning(self, msg: str) -> None:
         if msg not in self._seen:
-            self._seen.add(msg)
+            if len(self._seen) >= self.remember:
+                del self._seen[next(iter(self._seen))]
+            self._seen[msg] = None
             self.logger.warning("%s", msg)
 
 

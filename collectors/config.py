@@ -59,4 +59,5 @@ class CollectorsConfig:
     runqlat: RunqlatConfig = setting(factory=RunqlatConfig, doc="")
     cgroup_stats: bool = setting(True, "CPU usage, throttling and PSI from cgroupfs.")
     iostat: bool = setting(True, "Block-I/O bytes and operations per second per container from cgroupfs (v1 blkio.throttle.*_recursive, v2 io.stat).")
+    iostat_v1_accounting: bool = setting(True, "cgroup v1: turn on blk-throttle's I/O accounting for each block device (a no-limit rule in an empty cgroup of ours, removed again); newer kernels count v1 blkio.throttle.* only on disks where some cgroup configured a rule, so without it every container reads 0 there.")
     resctrl_monitoring: bool = setting(True, "Per-container resctrl monitoring groups (LLC occupancy, MBM) when resctrl is mounted.")

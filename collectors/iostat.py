@@ -3,14 +3,24 @@
 What a block-I/O class does to a container is only visible in these numbers, so they are
 collected for every container whether it is in a class or not. cgroup v1 counts in
 `blkio.throttle.io_service_bytes_recursive` and `blkio.throttle.io_serviced_recursive`
-("MAJ:MIN Read|Write|Sync|Async|Discard|Total N" lines, maintained for every cgroup since the
-blk-cgroup rstat rework, throttled or not); cgroup v2 in `io.stat` ("MAJ:MIN rbytes=N wbytes=N
-rios=N wios=N dbytes=N dios=N"). Both are cumulative: rates are deltas over the window.
+("MAJ:MIN Read|Write|Sync|Async|Discard|Total N" lines); cgroup v2 in `io.stat` ("MAJ:MIN
+rbytes=N wbytes=N rios=N wios=N dbytes=N dios=N"). Both are cumulative: rates are deltas over
+the window.
+
+v1's counts are blk-throttle's, and newer kernels (this 6.18 one) start blk-throttle on a disk's
+queue only once some cgroup configures a rule for that disk: before, every container reads 0 for
+it, however much it writes. So on v1 the collector turns the accounting on for each block device
+(`v1_accounting`, on by default): it writes "MAJ:MIN 0" (no limit) into `blkio.throttle.
+write_bps_device` of an empty cgroup of its own and removes that cgroup again. No rule is left
+anywhere and no I/O is limited; the queue keeps blk-throttle's per-bio check from then on (what
+every kernel did before the lazy start). Devices are looked for at start and each cycle (a loop
+device attached later, a hot-plugged disk); `detail.accounting_devices` counts them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +96,11 @@ class IoStatCollector:
 
     name = "iostat"
 
-    def __init__(self, *, cgroupfs: Any, enabled: bool = True, max_open_files: int = 4000) -> None:
+    def __init__(self, *, cgroupfs: Any, enabled: bool = True, max_open_files: int = 4000,
+                 sysfs: str = "/sys", v1_accounting: bool = True) -> None:
         self.cgroupfs, self.enabled, self.max_open_files = cgroupfs, enabled, max_open_files
+        self.sysfs, self.v1_accounting = sysfs, v1_accounting
+        self._accounted: set[str] = set()  # MAJ:MIN whose accounting is on (or was refused: not retried)
         self._v1 = False
         self._files: FileCache | None = None
         self._prev: dict[str, IoTotals] = {}
@@ -103,6 +116,7 @@ class IoStatCollector:
             self._status = CollectorStatus(up=False, reason="disabled in config")
         elif fs.has("blkio") and fs.version("blkio") == 1:
             self._v1, self._status = True, CollectorStatus(up=True, detail={"source": "blkio.throttle.*_recursive"})
+            self._account_new_devices()
         elif fs.has("io") and fs.version("io") == 2:
             self._status = CollectorStatus(up=True, detail={"source": "io.stat"})
         else:
@@ -144,6 +158,8 @@ class IoStatCollector:
             return {}
         window = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
+        if self._v1:
+            self._account_new_devices()
         prev, self._prev = self._prev, {}
         out: dict[str, dict[str, float]] = {}
         for c in containers:
@@ -170,6 +186,67 @@ class IoStatCollector:
         for rel in [r for r in self._raw if r not in live]:
             del self._raw[rel]
         return out
+
+
+    def _account_new_devices(self) -> None:
+        """v1: turn blk-throttle's accounting on for block devices not seen before (module docstring)."""
+        if not self.v1_accounting:
+            return
+        new = [d for d in block_devices(self.sysfs) if d not in self._accounted]
+        if not new:
+            return
+        self._accounted.update(new)  # a refused one is not retried every cycle
+        turned_on = account_v1(self.cgroupfs, new)
+        detail = dict(self._status.detail)
+        detail["accounting_devices"] = int(detail.get("accounting_devices", 0)) + turned_on
+        self._status = CollectorStatus(up=self._status.up, reason=self._status.reason, detail=detail)
+
+
+ACCOUNTING_CGROUP = "perfbalance-io-accounting"
+
+
+def block_devices(sysfs: str = "/sys") -> list[str]:
+    """MAJ:MIN of the whole block devices in <sysfs>/block (odd or unreadable entries left out)."""
+    try:
+        names = sorted(os.listdir(os.path.join(sysfs, "block")))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            with open(os.path.join(sysfs, "block", name, "dev")) as f:
+                dev = f.read(64).strip()
+        except OSError:
+            continue
+        major, sep, minor = dev.partition(":")
+        if sep and major.isdigit() and minor.isdigit():
+            out.append(dev)
+    return out
+
+
+def account_v1(fs: Any, devices: Sequence[str]) -> int:
+    """Start blk-throttle (and so v1's per-cgroup I/O counts) on `devices`, leaving no rule: a
+    no-limit rule in an empty cgroup of ours, which is then removed. Returns how many took; a
+    refusal (a device without a queue, e.g. a loop device with no file) is logged once, no raise."""
+    done = 0
+    try:
+        fs.create(ACCOUNTING_CGROUP, ("blkio",))
+    except (PerfbalanceError, OSError) as e:
+        log.warning("iostat: cannot create blkio cgroup %s to turn on I/O accounting: %s", ACCOUNTING_CGROUP, e)
+        return 0
+    try:
+        for dev in devices:
+            try:
+                fs.write(ACCOUNTING_CGROUP, "blkio", "blkio.throttle.write_bps_device", f"{dev} 0")
+                done += 1
+            except (PerfbalanceError, OSError) as e:
+                log.info("iostat: I/O accounting not turned on for block device %s: %s", dev, e)
+    finally:
+        try:
+            fs.remove(ACCOUNTING_CGROUP)
+        except (PerfbalanceError, OSError) as e:
+            log.warning("iostat: cannot remove blkio cgroup %s: %s", ACCOUNTING_CGROUP, e)
+    return done
 
 
 V1_BYTES, V1_OPS = "blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_serviced_recursive"

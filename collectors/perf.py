@@ -357,9 +357,9 @@ class BpfPerfCollector(_Base):
         since the program was loaded, on `cpu` or summed over CPUs; (0, 0) when not loaded."""
         if self._bpf is None:
             return 0, 0
-        table = self._bpf[b"pmu_switches"]
-        per = [list(table[table.Key(i)]) for i in (0, 1)]
-        return tuple(int(v[cpu]) if cpu is not None else int(sum(v)) for v in per)  # type: ignore[return-value]
+        table = self._bpf[b"pmu_cpu"]  # one entry per possible CPU
+        rows = [table[table.Key(cpu)]] if cpu is not None else list(table.values())
+        return int(sum(r.switches[0] for r in rows)), int(sum(r.switches[1] for r in rows))
 
     def close(self) -> None:
         if self._bpf is not None:

@@ -21,9 +21,8 @@ from typing import Any
 
 import bpf
 from collectors.base import IdleMetrics, LogOnce, Metrics
-from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
-from collectors.bpfenv.loader import prepare
-from collectors.bpfenv.maps import CountingMap, PendingSlots
+from collectors.bpfenv.counting import CountingProgram
+from collectors.bpfenv.keys import KeyMaps
 from collectors.config import RunqlatConfig
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -121,24 +120,18 @@ def bpf_defines(config: RunqlatConfig, *, pid_keys: bool) -> dict[str, bpf.Defin
             "PB_KEY_PID": pid_keys, "PB_FLUSH": FLUSH}
 
 
-class RunqlatCollector:
+class RunqlatCollector(CountingProgram):
     """The `runqlat` collector (see the module docstring). Implements collectors.base.Collector."""
 
     name = "runqlat"
 
     def __init__(self, *, config: RunqlatConfig, host: HostPaths, cgroupfs: Any,
                  pid_keys: bool | None = None, keymaps: KeyMaps | None = None) -> None:
-        self.config, self.host, self.cgroupfs = config, host, cgroupfs
-        self._force_pid_keys = pid_keys
-        self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
-        self._bpf: Any = None
-        self._map: CountingMap | None = None
-        self._keys: KeyMap | None = None
+        super().__init__(host=host, cgroupfs=cgroupfs, pid_keys=pid_keys, keymaps=keymaps)
+        self.config = config
         self._owners: dict[int, tuple[str, str]] = {}
         self._last: float | None = None
-        self._status = CollectorStatus(up=False, reason="not started")
         self._log = LogOnce(log)
-        self.defines: dict[str, bpf.DefineValue] = {}
         self.histograms: dict[str, Histogram] = {}  # the last window's, per container
         self._idle = IdleMetrics()
 
@@ -154,33 +147,8 @@ class RunqlatCollector:
             return self._set(False, f"BPF unavailable: {reason}")
 
     def _start_bpf(self) -> CollectorStatus:
-        env = prepare(self.host, need=["runqlat"])
-        pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
-        self.defines = bpf_defines(self.config, pid_keys=pid_keys)
-        self._bpf = env.load(bpf.render("runqlat", self.defines))
-        live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
-        self._map = CountingMap(self._bpf[b"rq_hist"], fields=FIELDS, batch=env.batch_reads,
-                                max_keys=self.config.max_keys, live=live, name="rq_hist",
-                                pending=PendingSlots(self._bpf[b"rq_park"], key_field="key",
-                                                     counts_field="pend", fields=FIELDS))
-        self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
-        return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
-                         headers=env.headers.source, headers_release=env.headers.release)
-
-    def status(self) -> CollectorStatus:
-        return self._status
-
-    def close(self) -> None:
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-        self._map = None
-        if self._status.up:
-            self._set(False, "closed")
-
-    def _set(self, up: bool, reason: str, **detail: Any) -> CollectorStatus:
-        self._status = CollectorStatus(up=up, reason=reason, detail=detail)
-        return self._status
+        return self.load("runqlat", lambda pid_keys: bpf_defines(self.config, pid_keys=pid_keys), counts="rq_hist",
+                         pending="rq_park", counts_field="pend", fields=FIELDS, max_keys=self.config.max_keys)
 
     @property
     def map_keys(self) -> int:

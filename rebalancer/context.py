@@ -62,8 +62,10 @@ class Context:
             u, config.bandwidth_knee_low, config.bandwidth_knee_high))
         resctrl = snapshot.collectors.get("resctrl")
         rdt = config.rdt_aggressor_class if resctrl is not None and resctrl.up else ""
+        free = shareable(snapshot)
         model = CostModel(idx=idx, views=views, config=config, aggressor_class=rdt,
-                          pairs=pairs((s.container for s in snapshot.containers), config.hint_keys()))
+                          pairs=pairs((s.container for s in snapshot.containers), config.hint_keys()),
+                          shareable=free)
         base = model.layout(placement, {cid: v.rdt_class for cid, v in views.items()})
         model.set_baseline(base)
         unmovable = _unmovable(views, state, config, now)
@@ -72,7 +74,7 @@ class Context:
                    sandboxes=vms, sandbox_of=sandbox_of, snapshot=snapshot,
                    health=health, victims=victims, problems=problems, targets=targets,
                    config=config, now=now, idx=idx, views=views,
-                   free=shareable(snapshot), requests={cid: v.request_mcpu for cid, v in views.items()},
+                   free=free, requests={cid: v.request_mcpu for cid, v in views.items()},
                    model=model, base=base, base_eval=model.evaluate(base), state=state, rdt_class=rdt,
                    base_load=config.latency_base_load + unseen_load(snapshot, views, len(idx.online)))
 

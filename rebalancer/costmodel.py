@@ -27,7 +27,7 @@ from operator import itemgetter, mul
 from rebalancer.config import RebalancerConfig
 from rebalancer.inputs import View
 from rebalancer.sharing import fill_order, water_fill, water_fill_from
-from rebalancer.smt import lost as smt_lost
+from rebalancer.smt import balanced_loads, lost as smt_lost
 from rebalancer.affinity import Pair
 from rebalancer.affinity import cost as affinity_cost
 from rebalancer.topoindex import TopoIndex
@@ -148,8 +148,11 @@ class CostModel:
     """Scores layouts of one snapshot. Pure: holds only the snapshot's derived values."""
 
     def __init__(self, *, idx: TopoIndex, views: Mapping[str, View], config: RebalancerConfig,
-                 aggressor_class: str = "", pairs: tuple[Pair, ...] = ()) -> None:
+                 aggressor_class: str = "", pairs: tuple[Pair, ...] = (),
+                 shareable: frozenset[int] | None = None) -> None:
         self.idx, self.views, self.cfg = idx, views, config
+        # CPUs containers may be given: whole cores of it in no cpuset skew the balancer (smt.balanced_loads)
+        self.shareable = shareable if shareable and len(idx.l3s) > 1 else None
         self.pairs = pairs  # affinity / anti-affinity (rebalancer.affinity)
         self.loss = config.license_loss(idx.cpu_model)
         self.aggressor_class = aggressor_class
@@ -268,6 +271,8 @@ class CostModel:
             cpu_sum += un
         parts = {"avx512": avx_sum, "llc": sum(stalls.values()), "bandwidth": bw_sum, "cpu": cpu_sum}
         if self.smt_on:
+            if self.shareable is not None:
+                loads = balanced_loads(keys, contribs, loads, self.idx, self.shareable)
             parts["smt"] = smt_lost(loads, self.idx, self.cfg.smt_speed)
         if self.pairs:
             parts["affinity"] = affinity_cost(self.idx, self.pairs, layout.placement)

@@ -9,6 +9,9 @@ its cores clean), so the greedy loop in planner.py never needs half-finished int
   allocator); scalar containers leave those cores.
 * avx512_shield: an exclusive (immovable) AVX-512-heavy container's SMT siblings are cleared of
   scalar work.
+* island_return: whole shareable cores that no container's cpuset holds any more (an AVX-512
+  island whose last occupant left) are given back to the containers confined next to them (those
+  holding the rest of their L3 domains' shareable CPUs, but for occupied islands).
 * llc_separate: a cache aggressor or a cache-sensitive victim moves to another L3 domain.
 * llc_rdt: a cache aggressor moves to the configured restricted RDT class.
 * bandwidth: a bandwidth-heavy container moves to a NUMA node with bandwidth to spare.
@@ -48,12 +51,13 @@ class Decision:
     allocated: frozenset[str] = frozenset()  # containers whose target came from the allocator
     island: frozenset[str] = frozenset()  # containers moved onto an AVX-512 island
     followers: frozenset[str] = frozenset()  # moved only because their VM pod moves
+    cohort: frozenset[str] = frozenset()  # moved with the primary for the same reason (a return)
 
 
 def candidates(ctx: Context, layout: Layout) -> list[Decision]:
     scalar = _scalar_cpus(ctx, layout)
     island = _island(ctx, layout, scalar)
-    out = _avx_islands(ctx, layout, scalar, island) + _avx_shields(ctx, layout)
+    out = _avx_islands(ctx, layout, scalar, island) + _avx_shields(ctx, layout) + _returns(ctx, layout, island)
     if ctx.model.llc_on:
         out += _llc(ctx, layout, island)
     if ctx.model.bw_on and len(ctx.idx.nodes) > 1:
@@ -262,6 +266,44 @@ def _avx_shields(ctx: Context, layout: Layout) -> list[Decision]:
                                     reason=f"AVX-512 shield: clear scalar work off the SMT siblings "
                                            f"{_fmt(siblings)} of exclusive AVX-512-heavy {cid}"))
     return out[:MAX_PER_KIND]
+
+
+def _returns(ctx: Context, layout: Layout, island: frozenset[int]) -> list[Decision]:
+    """Each cpuset's containers confined beside whole cores that no container uses any more,
+    widened over them: the confinement's reason has gone. Heavy, exclusive and VM-sandboxed
+    containers keep their CPUs (a VM keeps its shape). Scored like any candidate: confined
+    beside idle cores, the balancer doubles threads up on siblings (smt.balanced_loads)."""
+    unused = _unused_cores(ctx, layout)
+    out: list[Decision] = []
+    for here in sorted(layout.groups, key=sorted) if unused else ():
+        near = _freed_beside(ctx, here, unused, island)
+        movers = [c for c in layout.groups[here].members
+                  if not (ctx.views[c].heavy or ctx.views[c].exclusive or c in ctx.sandbox_of)]
+        if near and movers:
+            target, n = ctx.idx.intern(here | near), len(movers)
+            out.append(Decision(kind="island_return", primary=movers[0], cpus=dict.fromkeys(movers, target),
+                                cohort=frozenset(movers),
+                                reason=f"return: {movers[0]}" + (f" and {n - 1} more" if n > 1 else "")
+                                       + f" widened over whole cores {_fmt(near)} that no container uses "
+                                       f"(to {_fmt(target)})"))
+    return out[:MAX_PER_KIND]
+
+
+def _freed_beside(ctx: Context, here: frozenset[int], unused: frozenset[int],
+                  island: frozenset[int]) -> frozenset[int]:
+    """The unused cores in the L3 domains of `here` when `here` holds every other shareable
+    CPU there but for AVX-512 islands (the shape an island's evictions leave), else none."""
+    domains = frozenset().union(*(ctx.idx.l3s[d] for d in ctx.idx.l3s_of(here))) & ctx.free
+    near = domains & unused
+    return near if near and here | near | (island & domains) == domains else frozenset()
+
+
+def _unused_cores(ctx: Context, layout: Layout) -> frozenset[int]:
+    """Whole shareable cores in no container's cpuset (none while one cpuset is the whole pool)."""
+    free = ctx.free
+    if any(len(k) >= len(free) and free <= k for k in layout.groups):
+        return frozenset()
+    return ctx.idx.full_cores_within(free.difference(*layout.groups))
 
 
 # -- LLC and bandwidth ----------------------------------------------------------------------------

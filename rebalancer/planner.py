@@ -319,7 +319,7 @@ def _cpuset_action(ctx: Context, s: Scored, cid: str, seq: int, common: Mapping[
     d = s.decision
     refill, migration, disruption = s.costs[cid]
     primary = cid == d.primary
-    reason = (d.reason if primary or cid in d.island else
+    reason = (d.reason if primary or cid in d.island or cid in d.cohort else
               f"{d.reason} (decision {seq}: {cid} moves with its VM pod)" if cid in d.followers else
               f"{d.reason} (decision {seq}: {cid} makes room)")
     detail = {**common, "refill_seconds": refill, "migration_seconds": migration,

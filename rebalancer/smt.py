@@ -13,12 +13,14 @@ together only for as long as the core's load exceeds one thread's worth,
 thread-seconds per second run beside a busy sibling (2 ℓ_k − 2 for n = 2), each losing
 (1 − smt_speed) of its work. Exact when one sibling is always busy (a pinned busy loop), an
 underestimate for two partly busy threads pinned to the two siblings (their overlap is then
-by chance, not packed). Pure; formulas and sources in docs/cost-model.md.
+by chance, not packed). Where whole cores sit in no container's cpuset (an emptied AVX-512
+island), the loads are first those the load balancer leaves across L3 domains
+(`balanced_loads`). Pure; formulas and sources in docs/cost-model.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rebalancer.topoindex import TopoIndex
 
@@ -52,3 +54,44 @@ def _cores(idx: TopoIndex) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int
         hit = idx.memo[("smt-cores",)] = (tuple(c for c in cores if len(c) == 2),  # type: ignore[misc]
                                           tuple(c for c in cores if len(c) > 2))
     return hit  # type: ignore[return-value]
+
+
+def balanced_loads(keys: Sequence[frozenset[int]], contribs: Sequence[Mapping[int, float]],
+                   loads: Mapping[int, float], idx: TopoIndex, shareable: frozenset[int]) -> Mapping[int, float]:
+    """The per-CPU loads as the kernel's load balancer leaves them when shareable whole cores
+    are in no container's cpuset (an emptied AVX-512 island): `loads` itself otherwise.
+
+    The balancer compares L3 domains by the load and capacity of all their CPUs, not of the
+    CPUs a task may use (kernel/sched/fair.c `update_sg_lb_stats` sums over the sched group's
+    span), so a domain whose idle cores nobody may use looks as roomy as a whole one and keeps
+    as many of a cpuset's threads: a group G spanning domains d takes, in each, its granted
+    time in proportion to |G ∩ d| + the idle cores' CPUs in d, spread evenly over G ∩ d (each
+    CPU held to [0, 1]). The kernel's `sg_imbalanced` retry after a pinned task blocked a pull
+    can undo part of it; the model does not count on that. `keys`: the groups' cpusets in
+    water-filling order (smallest first), `contribs`: each one's granted time per CPU."""
+    unused = _unused(keys, shareable, idx)
+    if not unused:
+        return loads
+    out: dict[int, float] | None = None
+    for cpus, contrib in zip(keys, contribs):
+        doms = sorted(idx.l3s_of(cpus))
+        idle = [len(unused & idx.l3s[d]) for d in doms]
+        if len(doms) < 2 or not any(idle):
+            continue
+        allowed = [sorted(cpus & idx.l3s[d]) for d in doms]
+        weights = [len(a) + n for a, n in zip(allowed, idle)]
+        granted = sum(contrib.values())
+        out = dict(loads) if out is None else out
+        for here, w in zip(allowed, weights):
+            delta = (granted * w / sum(weights) - sum(contrib.get(c, 0.0) for c in here)) / len(here)
+            for c in here:
+                out[c] = min(1.0, max(0.0, out.get(c, 0.0) + delta))
+    return loads if out is None else out
+
+
+def _unused(keys: Sequence[frozenset[int]], shareable: frozenset[int], idx: TopoIndex) -> frozenset[int]:
+    """Shareable CPUs of whole cores that no group's cpuset holds (none when a group holds the
+    whole shareable pool, the common case: the largest cpusets come last, so one subset test)."""
+    if any(len(k) >= len(shareable) and shareable <= k for k in reversed(keys)):
+        return frozenset()
+    return idx.full_cores_within(shareable.difference(*keys))

@@ -59,10 +59,13 @@ PREFIX = "pbbench-collect"
 CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "io")  # what the collectors read (those mounted)
 
 def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
-    """Report name -> tracepoint of one BPF program's probes ("runqlat_sched_wakeup" where a
-    program has several, so that two programs on one tracepoint never share a name)."""
-    tps = bpf.PROGRAMS[program].tracepoints
-    return {f"{program}_{tp[1]}" if per_event else program: tp for tp in tps}
+    """Report name -> tracepoint of one BPF program's probes: each as "runqlat_sched_wakeup"
+    (per_event, so that two programs on one tracepoint never share a name), else the main one
+    alone under the program's name (the PMU's fork and cgroup-move probes are not its per-event
+    cost)."""
+    if not per_event:
+        return {program: bpf.PROGRAMS[program].tracepoint}
+    return {f"{program}_{tp[1]}": tp for tp in bpf.PROGRAMS[program].tracepoints}
 
 
 # Each collector's own programs, looked up in that collector's loaded object only: the PMU and

@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from agent.export import selfmem
 from agent.export.report import AgentState, Applied, CycleReport, Realized, effective_cpus, heavy_cores, is_heavy
 from perfbalance import __version__
 from perfbalance.model import ContainerSample, Snapshot
@@ -217,9 +218,25 @@ def live_families(view: Mapping[str, Any]) -> Iterator[Metric]:
     yield from _agent_families(view)
 
 
+def memory_families(mem: selfmem.SelfMemory) -> Iterator[Metric]:
+    """The agent's memory: RSS, and what its allocators hold in use (agent/export/selfmem.py)."""
+    fam = _gauge("perfbalance_agent_memory_bytes",
+                 "The agent's own memory by kind: resident and anonymous (RSS), malloc_inuse (glibc heap in use), "
+                 "malloc_free (free inside glibc's arenas; RSS rises to a plateau as it is reused, no leak).",
+                 labels=["kind"])
+    for kind, value in mem.by_kind().items():
+        fam.add_metric([kind], float(value))
+    yield fam
+    yield _gauge("perfbalance_agent_python_allocated_blocks", "CPython object blocks the agent has allocated (grows with live objects only).",
+                 float(mem.python_blocks))
+
+
 def report_families(report: CycleReport, view: Mapping[str, Any], *, bandwidth_peak: float = 0.0) -> Iterator[Metric]:
     """Everything a cycle's report determines (containers, CPUs, decisions): it changes once per
-    cycle, so agent/export/exposition.py renders it once per report and serves the bytes."""
+    cycle, so agent/export/exposition.py renders it once per report and serves the bytes. The
+    agent's own memory is read here too: once per cycle, right after it, when the cycle's
+    transient objects are gone (read at a scrape, it would depend on where the cycle was)."""
+    yield from memory_families(selfmem.read())
     yield from _cycle_families(report, view["extra"])
     yield from _container_families(report, view)
     yield _vcpu_pins(report)

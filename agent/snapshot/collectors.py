@@ -25,7 +25,7 @@ def make_collectors(config: Config, host: HostPaths, cgfs: Cgroupfs, topology: T
     keys = KeyMaps(cgfs, procfs=host.procfs)  # the BPF collectors walk the cgroups once per cycle
     return [
         CgroupStatsCollector(cgroupfs=cgfs, enabled=c.cgroup_stats),
-        IoStatCollector(cgroupfs=cgfs, enabled=c.iostat),
+        IoStatCollector(cgroupfs=cgfs, enabled=c.iostat, sysfs=host.sysfs, v1_accounting=c.iostat_v1_accounting),
         Avx512Collector(config=c.avx512, host=host, cgroupfs=cgfs, keymaps=keys),
         make_perf_collector(config=c.perf, host=host, cgroupfs=cgfs, keymaps=keys),
         RunqlatCollector(config=c.runqlat, host=host, cgroupfs=cgfs, keymaps=keys),

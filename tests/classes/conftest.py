@@ -98,3 +98,47 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
             if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
                 break
             time.sleep(0.1)
+
+
+_LOOP_CTL_ADD, _LOOP_CTL_REMOVE = 0x4C80, 0x4C81  # <linux/loop.h>
+
+
+@pytest.fixture
+def fresh_loop_device(tmp_path: Path) -> Iterator[str]:
+    """A loop device whose queue no cgroup has configured since it was made: a minor absent from
+    /sys/block, added through /dev/loop-control and removed again afterwards (so the next run
+    gets a fresh one too). `loop_device` reuses loop minors, whose queues earlier tests configured."""
+    import fcntl
+
+    if shutil.which("losetup") is None or not os.path.exists("/dev/loop-control"):
+        pytest.skip("losetup or /dev/loop-control missing")
+    minor = next(n for n in range(64, 256) if not os.path.exists(f"/sys/block/loop{n}"))
+    ctl = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        fcntl.ioctl(ctl, _LOOP_CTL_ADD, minor)
+        dev = f"/dev/loop{minor}"
+        for _ in range(50):  # udev (or devtmpfs) makes the node
+            if os.path.exists(dev):
+                break
+            time.sleep(0.1)
+        backing = tmp_path / "fresh-loop.img"
+        with open(backing, "wb") as f:
+            f.truncate(64 << 20)
+        out = subprocess.run(["losetup", dev, str(backing)], capture_output=True, text=True)
+        if out.returncode != 0:
+            pytest.skip(f"cannot attach {dev}: {out.stderr.strip()}")
+        try:
+            yield dev
+        finally:
+            for _ in range(50):
+                if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.1)
+    finally:
+        for _ in range(50):
+            try:
+                fcntl.ioctl(ctl, _LOOP_CTL_REMOVE, minor)
+                break
+            except OSError:
+                time.sleep(0.1)  # EBUSY while the detach finishes
+        os.close(ctl)

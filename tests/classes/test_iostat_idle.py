@@ -4,6 +4,8 @@ gives, and real direct writes (to a loop device) in the cgroup move them."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -23,7 +25,9 @@ def fresh(fs: Cgroupfs, rel: str) -> IoTotals:
     return IoTotals(read_bytes=rb, write_bytes=wb, read_ops=ro, write_ops=wo)
 
 
-def test_idle_rates_equal_the_per_file_path_and_move_with_real_direct_writes(cgfs, cgroups, loop_device) -> None:
+@contextmanager
+def started(cgfs, cgroups) -> Iterator[tuple[IoStatCollector, Container, tuple[str, ...]]]:
+    """A started collector and container "w" in a real cgroup of the block-I/O controller."""
     if not (cgfs.has("blkio") or cgfs.has("io")):
         pytest.skip("no blkio (v1) or io (v2) cgroup controller on this machine")
     ctl = ("blkio",) if cgfs.has("blkio") else ("io",)
@@ -31,6 +35,13 @@ def test_idle_rates_equal_the_per_file_path_and_move_with_real_direct_writes(cgf
     col = IoStatCollector(cgroupfs=cgfs)
     assert col.start().up
     try:
+        yield col, c, ctl
+    finally:
+        col.close()
+
+
+def test_idle_rates_equal_the_per_file_path_and_move_with_real_direct_writes(cgfs, cgroups, loop_device) -> None:
+    with started(cgfs, cgroups) as (col, c, ctl):
         outs = [col.collect([c], now=100.0 + i) for i in range(3)]
         before = fresh(cgfs, c.cgroup)
         assert outs[2]["w"] == rates(before, before, 1.0)
@@ -42,19 +53,9 @@ def test_idle_rates_equal_the_per_file_path_and_move_with_real_direct_writes(cgf
         after = col.collect([c], now=104.0)["w"]
         assert after == rates(fresh(cgfs, c.cgroup), before, 2.0)
         assert after["io_write_bytes_per_second"] >= (1 << 20) / 2.0  # control: the writes moved it
-    finally:
-        col.close()
 
 
 def test_a_container_without_a_blkio_cgroup_is_skipped_without_a_line(cgfs, cgroups, caplog) -> None:
-    if not (cgfs.has("blkio") or cgfs.has("io")):
-        pytest.skip("no blkio (v1) or io (v2) cgroup controller on this machine")
-    ctl = ("blkio",) if cgfs.has("blkio") else ("io",)
-    c = Container(id="w", name="w", cgroup=cgroups.make("w", ctl))
-    col = IoStatCollector(cgroupfs=cgfs)
-    assert col.start().up
-    try:
+    with started(cgfs, cgroups) as (col, c, _):
         gone = Container(id="gone", name="gone", cgroup=f"{c.cgroup}-never-made")
         assert col.collect([gone, c], now=1.0) == {"w": {}} and not caplog.records
-    finally:
-        col.close()

@@ -47,8 +47,10 @@ class Cgroups:
         self.made.append(rel)
         return Container(id=tag, name=tag, cgroup=rel)
 
-    def run(self, c: Container, argv: Sequence[str], cpu: int | None = None) -> subprocess.Popen[bytes]:
-        """Start argv already inside the cgroup (it moves itself before exec), pinned to `cpu`."""
+    def run(self, c: Container, argv: Sequence[str], cpu: int | None = None, *,
+            pipes: bool = False) -> subprocess.Popen[bytes]:
+        """Start argv already inside the cgroup (it moves itself before exec), pinned to `cpu`;
+        with `pipes`, its stdin and stdout are pipes to us."""
         fs, rel = self.fs, c.cgroup
 
         def enter() -> None:
@@ -56,8 +58,8 @@ class Cgroups:
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
 
-        p = subprocess.Popen(list(argv), preexec_fn=enter,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(list(argv), preexec_fn=enter, stdin=subprocess.PIPE if pipes else None,
+                             stdout=subprocess.PIPE if pipes else subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(p)
         return p
 

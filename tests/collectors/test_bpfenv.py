@@ -142,7 +142,11 @@ def test_tracepoint_existence_is_read_from_tracefs(tmp_path: Path) -> None:
 
 
 def test_a_program_needs_every_one_of_its_tracepoints(tmp_path: Path) -> None:
-    tree(tmp_path, {"events/sched/sched_switch/format": "name: sched_switch\n"})
+    tree(tmp_path, {"events/sched/sched_switch/format": "name: sched_switch\n",
+                    "events/sched/sched_process_fork/format": "name: sched_process_fork\n"})
+    # the PMU program also makes its same-cgroup entries stale when a task moves cgroup
+    assert tracefs.missing_tracepoint(str(tmp_path), ["pmu"]) == "cgroup/cgroup_attach_task"
+    tree(tmp_path, {"events/cgroup/cgroup_attach_task/format": "name: cgroup_attach_task\n"})
     assert tracefs.missing_tracepoint(str(tmp_path), ["pmu"]) is None
     assert tracefs.missing_tracepoint(str(tmp_path), ["pmu", "runqlat"]) == "sched/sched_wakeup"
 

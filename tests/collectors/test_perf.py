@@ -6,12 +6,13 @@ context-switches, cpu-migrations), and hardware events are expected to fail to o
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from collector_helpers import SH_BUSY, Cgroups, bounded
+from collector_helpers import PYTHON, SH_BUSY, Cgroups, bounded
 from collectors import events as ev
 from collectors import perf
 from collectors.bpfenv import keys
@@ -169,6 +170,155 @@ def test_switches_within_one_cgroup_read_no_counters_and_attribution_stays_exact
         for cid, seconds in case["kernel"].items():  # type: ignore[union-attr]
             assert seconds > 0.5
             assert case["metrics"][cid]["task_clock_seconds_total"] == pytest.approx(seconds, rel=0.10), case
+
+
+ECHO = ["sh", "-c", "while read -r line; do echo \"$line\"; done"]  # blocks on stdin between lines
+
+
+def moves_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups, *, rounds: int = 50,
+                              gap: float = 0.02) -> dict[str, object]:
+    """Two busy loops of cgroup `parent` share CPU 0 (their switches are skips, so the time
+    between reads piles up unread), beside a child started in `parent` on CPU 0 that blocks
+    between lines. Each round moves the blocked child, whose last switch-out was in the other
+    cgroup, into `moved` or back, then wakes it for one line: a switch from a loop of `parent`
+    into a task whose pmu_task entry names `parent` but that now runs in `moved`."""
+    others = [c for c in perf.online_cpus() if c != 0]
+    if not others:
+        pytest.skip("needs a second online CPU (for us, away from the loops on CPU 0)")
+    parent, moved = cgroups.new("parent"), cgroups.new("moved")
+    group = [parent, moved]
+    col.collect(group, time.time())
+    loops = [cgroups.run(parent, bounded(SH_BUSY, 60), cpu=0) for _ in range(2)]
+    child = cgroups.run(parent, ECHO, cpu=0, pipes=True)
+    assert child.stdin is not None and child.stdout is not None
+    ours = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {others[0]})  # so that the child is woken from a loop, not from us
+    try:
+        before = col.switches(cpu=0)
+        for i in range(2 * rounds):
+            time.sleep(gap)
+            cgroups.fs.attach((moved if i % 2 == 0 else parent).cgroup, child.pid)
+            child.stdin.write(b"%d\n" % i)
+            child.stdin.flush()
+            assert child.stdout.readline() == b"%d\n" % i
+        after = col.switches(cpu=0)
+    finally:
+        os.sched_setaffinity(0, ours)
+    for p in (*loops, child):
+        p.kill()
+        p.wait(timeout=10)
+    got = col.collect(group, time.time())
+    return {"metrics": got, "kernel": {c.id: cgroups.cpuacct_seconds(c) for c in group},
+            "read": after[0] - before[0], "skipped": after[1] - before[1]}
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_a_task_moved_since_it_last_switched_out_does_not_take_its_old_cgroups_time(
+        host: HostPaths, cgroups: Cgroups) -> None:
+    # Its pmu_task entry still names the old cgroup: skipping the read at its switch-in would
+    # credit the parent's unread time to the cgroup it moved into (cgroup_attach_task makes the
+    # entry stale): `moved` would get up to a whole gap of the loops' time per round.
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        got = moves_under_a_busy_cgroup(col, cgroups)
+    finally:
+        col.close()
+    kernel, metrics = got["kernel"], got["metrics"]
+    assert kernel["parent"] > 0.5 and kernel["moved"] > 0  # the loops ran, and the child in `moved`
+    assert got["skipped"] > 50, got  # the loops' switches among themselves still read nothing
+    assert metrics["moved"]["task_clock_seconds_total"] == pytest.approx(kernel["moved"], abs=0.005), got
+    assert metrics["parent"]["task_clock_seconds_total"] == pytest.approx(kernel["parent"], rel=0.10), got
+
+
+# A forker: a child that exits at once leaves its thread id X, last switched out in our cgroup;
+# per line on stdin, clone3 a child with that same id X (set_tid) straight into the v2 cgroup
+# argv[1] (CLONE_INTO_CGROUP: no cgroup_attach_task) that exits at once, then leave the next X
+# the same way; print both ids.
+REUSE = [PYTHON, "-c", """
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+into = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+def exited():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+old = exited()
+while sys.stdin.readline():
+    tid = (ctypes.c_int * 1)(old)
+    args = struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, ctypes.addressof(tid), 1, into)
+    new = libc.syscall(435, ctypes.create_string_buffer(args, len(args)), len(args))
+    if new == 0:
+        os._exit(0)
+    if new > 0:
+        os.waitpid(new, 0)
+    print(old, new, flush=True)
+    old = exited()
+"""]
+
+
+def v2_usage_seconds(cgroups: Cgroups, c: Container) -> float:
+    stat = dict(line.split() for line in cgroups.fs.read(c.cgroup, None, "cpu.stat").splitlines())
+    return int(stat["usage_usec"]) / 1e6
+
+
+def reused_ids_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups, *, rounds: int = 100,
+                                   gap: float = 0.02) -> dict[str, object]:
+    """The loops of moves_under_a_busy_cgroup, beside a REUSE forker of `parent` on CPU 0: each
+    round a thread of `parent` exits, and a new thread with its id starts in `fresh`, switched
+    in from `parent` (the forker or a loop) while the pmu_task entry still names `parent`."""
+    if perf.online_cpus() == [0]:
+        pytest.skip("needs a second online CPU (for us, away from the loops on CPU 0)")
+    parent, fresh = cgroups.new("parent"), cgroups.new("fresh")
+    group = [parent, fresh]
+    col.collect(group, time.time())
+    loops = [cgroups.run(parent, bounded(SH_BUSY, 60), cpu=0) for _ in range(2)]
+    forker = cgroups.run(parent, [*REUSE, cgroups.fs.dir(fresh.cgroup, None)], cpu=0, pipes=True)
+    assert forker.stdin is not None and forker.stdout is not None
+    ours = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {c for c in perf.online_cpus() if c != 0})
+    reused = 0
+    try:
+        for _ in range(rounds):
+            time.sleep(gap)
+            forker.stdin.write(b"\n")
+            forker.stdin.flush()
+            old, new = forker.stdout.readline().split()
+            reused += old == new
+    finally:
+        os.sched_setaffinity(0, ours)
+    for p in (*loops, forker):
+        p.kill()
+        p.wait(timeout=10)
+    got = col.collect(group, time.time())
+    return {"metrics": got, "reused": reused, "kernel": {"parent": cgroups.cpuacct_seconds(parent),
+                                                         "fresh": v2_usage_seconds(cgroups, fresh)}}
+
+
+@pytest.mark.root
+@pytest.mark.bpf
+def test_a_new_thread_reusing_an_exited_threads_id_does_not_take_its_cgroups_time(
+        host: HostPaths, cgroups: Cgroups) -> None:
+    # The exited thread's pmu_task entry names `parent`: skipping the read at the new thread's
+    # first switch-in would credit the parent's unread time to `fresh` (sched_process_fork clears
+    # the entry). The children of `fresh` stay in the parent's v1 cgroups: `fresh`'s own time is
+    # its v2 cpu.stat.
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        got = reused_ids_under_a_busy_cgroup(col, cgroups)
+    finally:
+        col.close()
+    kernel, metrics = got["kernel"], got["metrics"]
+    assert got["reused"] > 90, got  # the new thread got the old id (set_tid), nearly every round
+    assert kernel["parent"] > 0.5 and kernel["fresh"] > 0, got
+    assert metrics["fresh"]["task_clock_seconds_total"] == pytest.approx(kernel["fresh"], abs=0.005), got
+    # its children stay in the v1 cgroups of `parent`, whose cpuacct counts them
+    assert metrics["parent"]["task_clock_seconds_total"] == pytest.approx(kernel["parent"] - kernel["fresh"], rel=0.10), got
 
 
 @pytest.mark.root

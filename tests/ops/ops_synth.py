@@ -6,6 +6,9 @@ server on their SMT siblings 4-5 (so fully contaminated), and a memory-hungry da
 
 from __future__ import annotations
 
+from typing import Any
+
+from agent.export import selfmem
 from agent.export.report import AgentState, Applied, CycleReport, Realized, reason_code
 from agent.snapshot.derive import derive
 from perfbalance.cpuset import CpuSet
@@ -84,3 +87,10 @@ def state(rep: CycleReport | None = None) -> AgentState:
     st.config_reloads_total["ok"] += 1
     st.config_loaded_time = T0
     return st
+
+
+def hold_memory(monkeypatch: Any) -> None:
+    """The agent's own memory (agent/export/selfmem.py) is read at each render and moves between
+    two; tests that compare two renders hold it at one reading."""
+    mem = selfmem.read()
+    monkeypatch.setattr(selfmem, "read", lambda: mem)

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config
+from agent.export import selfmem
 from agent.export.mqtt import MqttPublisher
 from agent.export.prometheus import MAX_LABEL_CHARS, MAX_REASONS, make_registry, state_json
 from agent.export.report import AgentState, reason_code
@@ -65,7 +66,8 @@ def test_departed_container_series_disappear() -> None:
     assert not any(l.get("container") == "nginx" for f in fams.values() for _, l, _ in f)
 
 
-def test_scrape_leaves_counters_and_state_alone() -> None:
+def test_scrape_leaves_counters_and_state_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    s.hold_memory(monkeypatch)
     st = s.state()
     first, second = scrape(st), scrape(st)
     assert first == second
@@ -334,3 +336,30 @@ def test_contamination_is_the_share_of_a_containers_cpus_on_cores_of_heavy_other
     got = avx512_contamination(snap)
     assert {v for v in got.values()} - {0.0, 1.0}  # some containers only partly contaminated
     assert got == {s.id: by_definition(s) for s in samples}
+
+
+def test_agent_memory_is_exported_with_each_cycles_report() -> None:
+    assert "perfbalance_agent_memory_bytes" not in scrape(AgentState())  # read once per cycle: none yet
+    fams = scrape(s.state())
+    assert value(fams, "perfbalance_agent_memory_bytes", kind="resident") > 0
+    assert value(fams, "perfbalance_agent_memory_bytes", kind="malloc_inuse") > 0  # glibc here
+    assert value(fams, "perfbalance_agent_python_allocated_blocks") > 0
+
+
+def test_heap_in_use_follows_live_data_and_falls_when_it_is_freed() -> None:
+    before = selfmem.read()
+    held = [bytearray(4096) for _ in range(4096)]  # 16 MiB through malloc, 4096 Python objects
+    during = selfmem.read()
+    del held
+    after = selfmem.read()
+    assert during.malloc_inuse - before.malloc_inuse >= 16 << 20
+    assert during.python_blocks - before.python_blocks >= 4096
+    assert after.malloc_inuse - before.malloc_inuse < 1 << 20  # control: freed, not held
+    assert after.python_blocks - before.python_blocks < 1024
+
+
+def test_status_fields_that_are_missing_or_odd_are_left_out() -> None:
+    assert selfmem.parse_status("VmRSS:\t  2048 kB\nRssAnon:\t12 kB\n") == {"resident": 2 << 20, "anonymous": 12 << 10}
+    assert selfmem.parse_status("VmRSS:\tlots kB\nRssAnon:\t12 MB\nName:\tx\n") == {}
+    mem = selfmem.SelfMemory(resident=1, python_blocks=3)
+    assert mem.by_kind() == {"resident": 1}  # no mallinfo2: the malloc kinds are absent, not 0

@@ -16,6 +16,11 @@ from agent.export.prometheus import make_registry
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
+@pytest.fixture(autouse=True)
+def steady_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    s.hold_memory(monkeypatch)
+
+
 def test_the_served_body_is_what_the_collector_renders() -> None:
     st = s.state()
     body, ctype, gz = Exposition(st).render()

@@ -56,7 +56,8 @@ def test_metrics_are_served_as_openmetrics_when_asked(server: NodeServer) -> Non
     assert body.rstrip().endswith(b"# EOF")
 
 
-def test_metrics_are_gzipped_when_the_scraper_accepts_it(server: NodeServer) -> None:
+def test_metrics_are_gzipped_when_the_scraper_accepts_it(server: NodeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    s.hold_memory(monkeypatch)
     _, _, plain = get(server, "/metrics")
     code, headers, packed = get(server, "/metrics", **{"Accept-Encoding": "gzip"})
     assert code == 200 and headers["Content-Encoding"] == "gzip" and headers["Vary"] == "Accept-Encoding"

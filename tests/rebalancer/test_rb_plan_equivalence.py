@@ -2,8 +2,9 @@
 
 tests/data/plan_golden.json.gz holds every plan of the closed-loop cases of plan_cases.py as
 planned by commit 9143d61 (before the issue-16 indexes and incremental scoring), written by
-scripts/plan_golden.py; re-baselined when the cost model began to charge SMT sibling sharing and
-when it began to score memory bandwidth at offered load (the changed decisions are listed in
+scripts/plan_golden.py; re-baselined when the cost model began to charge SMT sibling sharing,
+when it began to score memory bandwidth at offered load, and when the island_return candidate
+came (one more rejected candidate in bandwidth_hog's first plan; the changes are listed in
 those commits' messages). Actions, reasons, targets, victims, rejected candidates and planner state
 must match exactly; numbers to 1e-9 relative (summation order may differ in the last bits).
 """

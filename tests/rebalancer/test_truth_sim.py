@@ -5,6 +5,7 @@ through it, and the import-linter contract that keeps it apart from the planner.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -265,3 +266,18 @@ def test_bench_plan_reports_both_simulators_and_their_disagreement(capsys: pytes
     assert "within_5pct_of_optimum_observing_truth" in out["goals"]
     text = bench_plan.render(out)
     assert "where the simulators disagree" in text and "judged by the independent simulator" in text
+
+
+def test_each_element_switched_off_changes_only_its_own_parameter() -> None:
+    m = _machine()
+    jobs = [truth.Job(id="a", threads=1, partners=("b",)), truth.Job(id="b", threads=1)]
+    for element, field, off in [("licence", "licence_loss", 0.0), ("smt", "smt_speed", 1.0), ("llc", "llc_alpha", 0.0),
+                                ("bandwidth", "bandwidth_per_node", 1e18), ("remote", "remote_extra_s", 0.0),
+                                ("migration", "refill_bytes_per_s", 1e30)]:
+        n, js = truth.neutral(m, jobs, element)
+        assert getattr(n, field) == off != getattr(m, field), element
+        assert n == dataclasses.replace(m, **{field: off}) and js == tuple(jobs)
+    n, js = truth.neutral(m, jobs, "transfers")
+    assert n == m and [j.partners for j in js] == [(), ()]
+    with pytest.raises(ValueError, match="unknown model element 'heat'"):
+        truth.neutral(m, jobs, "heat")

@@ -199,6 +199,34 @@ def scrape(url: str, timeout: float = 10.0) -> str:
         return r.read(64 << 20).decode()
 
 
+@dataclass(frozen=True)
+class HeapSample:
+    """The agent's own allocator figures, from its metrics (agent/export/selfmem.py)."""
+    time: float
+    malloc_inuse_kib: float
+    python_blocks: float
+
+
+def heap_sample(text: str) -> HeapSample:
+    """A /metrics body -> the agent's heap in use; KeyError when the agent exports none."""
+    got: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('perfbalance_agent_memory_bytes{kind="malloc_inuse"}'):
+            got["malloc"] = float(line.rsplit(" ", 1)[1]) / 1024
+        elif line.startswith("perfbalance_agent_python_allocated_blocks "):
+            got["blocks"] = float(line.rsplit(" ", 1)[1])
+    return HeapSample(time.monotonic(), got["malloc"], got["blocks"])
+
+
+def robust_slope(xs: list[float], ys: list[float]) -> float:
+    """Theil-Sen: the median of the slopes between every pair of points. A one-off peak (a cycle's
+    transient objects caught mid-cycle) moves a least-squares slope; it does not move this."""
+    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
+                    for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i])
+    n = len(slopes)
+    return (slopes[n // 2] + slopes[(n - 1) // 2]) / 2
+
+
 def series_with(text: str, needle: str) -> int:
     """Sample lines (not # HELP/TYPE) whose labels contain `needle`."""
     return sum(1 for line in text.splitlines() if line and not line.startswith("#") and needle in line)

@@ -70,23 +70,20 @@ def alone_ips(machine: Machine, job: Job) -> float:
     return max(ips, 1e-9)
 
 
+# The machine parameter whose neutral value switches each machine-side model element off.
+_NEUTRAL_MACHINE = {"licence": ("licence_loss", 0.0), "smt": ("smt_speed", 1.0), "llc": ("llc_alpha", 0.0),
+                    "bandwidth": ("bandwidth_per_node", 1e18), "remote": ("remote_extra_s", 0.0),
+                    "migration": ("refill_bytes_per_s", 1e30)}
+
+
 def neutral(machine: Machine, jobs: Sequence[Job], element: str) -> tuple[Machine, tuple[Job, ...]]:
     """The node and jobs with one model element switched off (for attributing disagreements)."""
-    if element == "licence":
-        return replace(machine, licence_loss=0.0), tuple(jobs)
-    if element == "smt":
-        return replace(machine, smt_speed=1.0), tuple(jobs)
-    if element == "llc":
-        return replace(machine, llc_alpha=0.0), tuple(jobs)
-    if element == "bandwidth":
-        return replace(machine, bandwidth_per_node=1e18), tuple(jobs)
-    if element == "remote":
-        return replace(machine, remote_extra_s=0.0), tuple(jobs)
-    if element == "migration":
-        return replace(machine, refill_bytes_per_s=1e30), tuple(jobs)
     if element == "transfers":
         return machine, tuple(replace(j, partners=()) for j in jobs)
-    raise ValueError(f"unknown model element {element!r}")
+    if element not in _NEUTRAL_MACHINE:
+        raise ValueError(f"unknown model element {element!r}")
+    field, value = _NEUTRAL_MACHINE[element]
+    return replace(machine, **{field: value}), tuple(jobs)
 
 
 # -- the fixed point over the window ---------------------------------------------------------------
