@@ -60,15 +60,15 @@ def with_bandwidth(v: View, bandwidth: float) -> View:
 _SORTED_METRICS = tuple(sorted(USED_METRICS))  # a smoothed mapping is in key order (frozen_map)
 
 
-def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float) -> dict[str, float]:
+def ewma(old: Mapping[str, float] | None, new: Mapping[str, float], alpha: float,
+         names: dict[tuple[str, ...], list[str]] | None = None) -> dict[str, float]:
     """Smooth every used metric present now; keep nothing for metrics that vanished. In key
-    order, as frozen_map would sort it."""
+    order, as frozen_map would sort it. `names`: a memo for `_present` (one per call)."""
+    present = _present(new, {} if names is None else names)
     if not old:
-        return {name: float(new[name]) for name in _SORTED_METRICS if name in new}
+        return {name: float(new[name]) for name in present}
     out: dict[str, float] = {}
-    for name in _SORTED_METRICS:
-        if name not in new:
-            continue
+    for name in present:
         x = float(new[name])
         prev = old.get(name)
         out[name] = x if prev is None or prev == x else prev + alpha * (x - prev)
@@ -79,11 +79,22 @@ def smooth(snapshot: Snapshot, previous: Mapping[str, Mapping[str, float]],
            alpha: float, *, avx512_key: str = "") -> Mapping[str, Mapping[str, float]]:
     keys = HintKeys(avx512=avx512_key) if avx512_key else None
     out = {}
+    names: dict[tuple[str, ...], list[str]] = {}  # the containers' metrics mostly share their names
     for s in snapshot.containers:
         prev = previous.get(s.id)
+        new = _hinted(s, prev, keys)
         # ewma's dict is already in key order: frozen_map's sort would change nothing
-        out[s.id] = MappingProxyType(ewma(prev, _hinted(s, prev, keys), alpha))
+        out[s.id] = MappingProxyType(ewma(prev, new, alpha, names))
     return frozen_map(out)
+
+
+def _present(new: Mapping[str, float], memo: dict[tuple[str, ...], list[str]]) -> list[str]:
+    """The used metrics `new` has, in key order; remembered by its names for one call."""
+    key = tuple(new)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = [name for name in _SORTED_METRICS if name in new]
+    return hit
 
 
 def _hinted(s: ContainerSample, prev: Mapping[str, float] | None, keys: HintKeys | None) -> Mapping[str, float]:
