@@ -26,9 +26,10 @@ def allocate(idx: TopoIndex, free: Iterable[int], count: int, *, whole_cores: bo
              prefer_nodes: Sequence[int] = (), high_priority: bool = False) -> frozenset[int] | None:
     """`count` CPUs from `free` (rounded up to whole cores if `whole_cores`), or None.
 
-    Remembered per planning call (in `idx.memo`): the candidates of one cycle ask the same
-    question many times (every container of a pool relocated to the same node, each greedy
-    round again), and the answer depends on nothing else."""
+    Remembered in `idx.memo`: the candidates of one cycle ask the same question many times
+    (every container of a pool relocated to the same node, each greedy round again), the next
+    cycle mostly asks it again (topoindex.index_of keeps the index), and the answer depends on
+    nothing else."""
     avail = frozenset(free) & idx.online
     if count <= 0 or len(avail) < count:
         return None
