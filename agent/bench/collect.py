@@ -7,7 +7,8 @@ scrape at 60 containers). This measures, with the real collectors:
   three probes `runqlat_sched_switch`, `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`, each
   beside its floor (bpf_ns_floor: an empty program on the same tracepoint) and its key floor
   (bpf_ns_key_floor: a program that only reads the cgroup id into a per-CPU slot, the least any
-  per-cgroup attribution costs here); the same under a
+  per-cgroup attribution costs here) and its clock floor (bpf_ns_clock_floor: the key floor plus
+  one bpf_ktime_get_ns, the least a per-cgroup latency measurement costs); the same under a
   two-cgroup load (bpf_ns_per_event_two_cgroups: consecutive events on a CPU change cgroup); and
   the PMU program's split (pmu_ns_split: with_reads, without_reads, reads),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
@@ -100,7 +101,7 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
                            "perf_fds_by_containers": {}}
     try:
         (out["bpf_ns_per_event"], out["bpf_ns_floor"], out["bpf_events"],
-         out["bpf_ns_key_floor"]) = _costs(host, collectors, rounds=rounds, seconds=seconds)
+         out["bpf_ns_key_floor"], out["bpf_ns_clock_floor"]) = _costs(host, collectors, rounds=rounds, seconds=seconds)
         out["bpf_ns_per_event_two_cgroups"] = two_cgroup_costs(host, fs, collectors, rounds=rounds, seconds=seconds)
         out["pmu_ns_split"] = pmu_split(host, collectors, rounds=rounds, seconds=seconds)
         for n in sizes:
@@ -153,13 +154,15 @@ def floor_program(tracepoint: tuple[str, str]) -> str:
     return f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{ return 0; }}"
 
 
-def key_floor_program(tracepoint: tuple[str, str]) -> str:
+def key_floor_program(tracepoint: tuple[str, str], *, clock: bool = False) -> str:
     """The least a per-cgroup program does: read the cgroup id and add it to a per-CPU slot.
-    What attributing anything to a cgroup costs on this host, beside the empty floor."""
+    What attributing anything to a cgroup costs on this host, beside the empty floor. With
+    `clock`, one bpf_ktime_get_ns as well: the least a per-cgroup latency measurement costs."""
+    value = "bpf_get_current_cgroup_id() + bpf_ktime_get_ns()" if clock else "bpf_get_current_cgroup_id()"
     return ("BPF_PERCPU_ARRAY(key_floor, u64, 1);\n"
             f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{\n"
             "    int idx = 0;\n    u64 *v = key_floor.lookup(&idx);\n"
-            "    if (v)\n        *v += bpf_get_current_cgroup_id();\n    return 0;\n}\n")
+            f"    if (v)\n        *v += {value};\n    return 0;\n}}\n")
 
 
 def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
@@ -170,16 +173,17 @@ def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
 
 
 def _costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5, seconds: float = 1.0
-           ) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, float]]:
-    """bpf_costs, plus the key floor (key_floor_program) per program name."""
+           ) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, float], dict[str, float]]:
+    """bpf_costs, plus the key floor and the clock floor (key_floor_program) per program name."""
     progs = loaded_programs(collectors)
-    floors: dict[str, dict[str, float]] = {"floor": {}, "key_floor": {}}
+    floors: dict[str, dict[str, float]] = {"floor": {}, "key_floor": {}, "clock_floor": {}}
     with stats_enabled(host.procfs):
         ns, events = _measure(host, {n: fd for n, (fd, _) in progs.items()}, rounds, seconds)
         try:
             env = prepare(host)
             for tp in dict.fromkeys(tp for _, tp in progs.values()):
-                for kind, text in (("floor", floor_program(tp)), ("key_floor", key_floor_program(tp))):
+                for kind, text in (("floor", floor_program(tp)), ("key_floor", key_floor_program(tp)),
+                                   ("clock_floor", key_floor_program(tp, clock=True))):
                     b = env.load(text)
                     try:
                         cost = _measure(host, {kind: b.funcs[bpf.probe_function(tp)].fd}, rounds, seconds)[0]
@@ -188,7 +192,7 @@ def _costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5, secon
                     floors[kind].update({n: cost[kind] for n, (_, t) in progs.items() if t == tp and kind in cost})
         except FeatureUnavailable:
             pass
-    return ns, floors["floor"], events, floors["key_floor"]
+    return ns, floors["floor"], events, floors["key_floor"], floors["clock_floor"]
 
 
 def two_cgroup_costs(host: HostPaths, fs: Cgroupfs, collectors: Sequence[Any], *, rounds: int = 5,

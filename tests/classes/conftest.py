@@ -94,10 +94,15 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
     try:
         yield dev
     finally:
-        for _ in range(50):
-            if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+        detach_loop(dev)
+
+
+def detach_loop(dev: str) -> None:
+    """losetup -d, retried while the device is still busy (a process closing it)."""
+    for _ in range(50):
+        if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
 
 
 _LOOP_CTL_ADD, _LOOP_CTL_REMOVE = 0x4C80, 0x4C81  # <linux/loop.h>
@@ -130,10 +135,7 @@ def fresh_loop_device(tmp_path: Path) -> Iterator[str]:
         try:
             yield dev
         finally:
-            for _ in range(50):
-                if subprocess.run(["losetup", "-d", dev], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.1)
+            detach_loop(dev)
     finally:
         for _ in range(50):
             try:

@@ -21,7 +21,7 @@ def test_bench_reports_bpf_cost_cycle_cpu_fds_and_rss(host: HostPaths) -> None:
     # one floor per tracepoint: the PMU and runqlat programs share sched_switch's
     assert out["bpf_ns_floor"]["pmu"] == out["bpf_ns_floor"]["runqlat_sched_switch"]
     assert set(out["bpf_ns_per_event_two_cgroups"]) == programs
-    assert set(out["bpf_ns_key_floor"]) == programs
+    assert set(out["bpf_ns_key_floor"]) == set(out["bpf_ns_clock_floor"]) == programs
     split = out["pmu_ns_split"]  # the program without its counter reads is the cheaper one
     assert split["without_reads"] < split["with_reads"] and split["reads"] > 0, split
     assert set(out["cycle_cpu_seconds"]) == {"2", "8"} and out["cycle_cpu_seconds"]["8"] > 0

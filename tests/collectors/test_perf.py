@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,6 +178,33 @@ def test_switches_within_one_cgroup_read_no_counters_and_attribution_stays_exact
 ECHO = ["sh", "-c", "while read -r line; do echo \"$line\"; done"]  # blocks on stdin between lines
 
 
+@contextmanager
+def busy_parent_on_cpu0(col: perf.BpfPerfCollector, cgroups: Cgroups, other: str,
+                        task: Callable[[Container], list[str]]) -> Iterator[tuple[Container, Container, Any]]:
+    """Two busy loops of a new cgroup `parent` on CPU 0 (their switches are skips, so the time
+    between reads piles up unread) and `task(other)` started in `parent` on CPU 0 with pipes, beside a
+    new cgroup `other` (both collected once before anything runs in them); this process runs
+    away from CPU 0 meanwhile (so that the task is woken from a loop, not from us). Yields
+    (parent, other, task's process); kills them afterwards."""
+    others = [c for c in perf.online_cpus() if c != 0]
+    if not others:
+        pytest.skip("needs a second online CPU (for us, away from the loops on CPU 0)")
+    parent, second = cgroups.new("parent"), cgroups.new(other)
+    col.collect([parent, second], time.time())
+    loops = [cgroups.run(parent, bounded(SH_BUSY, 60), cpu=0) for _ in range(2)]
+    proc = cgroups.run(parent, task(second), cpu=0, pipes=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    ours = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(others))
+    try:
+        yield parent, second, proc
+    finally:
+        os.sched_setaffinity(0, ours)
+        for p in (*loops, proc):
+            p.kill()
+            p.wait(timeout=10)
+
+
 def moves_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups, *, rounds: int = 50,
                               gap: float = 0.02) -> dict[str, object]:
     """Two busy loops of cgroup `parent` share CPU 0 (their switches are skips, so the time
@@ -182,18 +212,7 @@ def moves_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups, *, r
     between lines. Each round moves the blocked child, whose last switch-out was in the other
     cgroup, into `moved` or back, then wakes it for one line: a switch from a loop of `parent`
     into a task whose pmu_task entry names `parent` but that now runs in `moved`."""
-    others = [c for c in perf.online_cpus() if c != 0]
-    if not others:
-        pytest.skip("needs a second online CPU (for us, away from the loops on CPU 0)")
-    parent, moved = cgroups.new("parent"), cgroups.new("moved")
-    group = [parent, moved]
-    col.collect(group, time.time())
-    loops = [cgroups.run(parent, bounded(SH_BUSY, 60), cpu=0) for _ in range(2)]
-    child = cgroups.run(parent, ECHO, cpu=0, pipes=True)
-    assert child.stdin is not None and child.stdout is not None
-    ours = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {others[0]})  # so that the child is woken from a loop, not from us
-    try:
+    with busy_parent_on_cpu0(col, cgroups, "moved", lambda _: ECHO) as (parent, moved, child):
         before = col.switches(cpu=0)
         for i in range(2 * rounds):
             time.sleep(gap)
@@ -202,11 +221,7 @@ def moves_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups, *, r
             child.stdin.flush()
             assert child.stdout.readline() == b"%d\n" % i
         after = col.switches(cpu=0)
-    finally:
-        os.sched_setaffinity(0, ours)
-    for p in (*loops, child):
-        p.kill()
-        p.wait(timeout=10)
+    group = [parent, moved]
     got = col.collect(group, time.time())
     return {"metrics": got, "kernel": {c.id: cgroups.cpuacct_seconds(c) for c in group},
             "read": after[0] - before[0], "skipped": after[1] - before[1]}
@@ -271,30 +286,16 @@ def reused_ids_under_a_busy_cgroup(col: perf.BpfPerfCollector, cgroups: Cgroups,
     """The loops of moves_under_a_busy_cgroup, beside a REUSE forker of `parent` on CPU 0: each
     round a thread of `parent` exits, and a new thread with its id starts in `fresh`, switched
     in from `parent` (the forker or a loop) while the pmu_task entry still names `parent`."""
-    if perf.online_cpus() == [0]:
-        pytest.skip("needs a second online CPU (for us, away from the loops on CPU 0)")
-    parent, fresh = cgroups.new("parent"), cgroups.new("fresh")
-    group = [parent, fresh]
-    col.collect(group, time.time())
-    loops = [cgroups.run(parent, bounded(SH_BUSY, 60), cpu=0) for _ in range(2)]
-    forker = cgroups.run(parent, [*REUSE, cgroups.fs.dir(fresh.cgroup, None)], cpu=0, pipes=True)
-    assert forker.stdin is not None and forker.stdout is not None
-    ours = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {c for c in perf.online_cpus() if c != 0})
     reused = 0
-    try:
+    into = lambda fresh: [*REUSE, cgroups.fs.dir(fresh.cgroup, None)]  # noqa: E731 (the forker clones into it)
+    with busy_parent_on_cpu0(col, cgroups, "fresh", into) as (parent, fresh, forker):
         for _ in range(rounds):
             time.sleep(gap)
             forker.stdin.write(b"\n")
             forker.stdin.flush()
             old, new = forker.stdout.readline().split()
             reused += old == new
-    finally:
-        os.sched_setaffinity(0, ours)
-    for p in (*loops, forker):
-        p.kill()
-        p.wait(timeout=10)
-    got = col.collect(group, time.time())
+    got = col.collect([parent, fresh], time.time())
     return {"metrics": got, "reused": reused, "kernel": {"parent": cgroups.cpuacct_seconds(parent),
                                                          "fresh": v2_usage_seconds(cgroups, fresh)}}
 
