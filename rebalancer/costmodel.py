@@ -17,7 +17,7 @@ one pass over the CPUs, whatever the number of containers. Formulas: docs/cost-m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import groupby, repeat
@@ -518,20 +518,39 @@ def move_cost(v: View, frm: frozenset[int], to: frozenset[int], idx: TopoIndex,
 
 def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
                idx: TopoIndex, config: RebalancerConfig) -> dict[str, tuple[float, float, float]]:
-    """`move_cost` of every container in `targets` (in its order); a decision moves hundreds of
+    """`move_cost` of every container in `targets` (in its order)."""
+    return dict(_move_parts(views, placement, targets, idx, config))
+
+
+def move_cost_total(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
+                    idx: TopoIndex, config: RebalancerConfig) -> float:
+    """sum(sum(c) for c in move_costs(...).values()): the same float operations in the same
+    order, without keeping a tuple per container (the greedy loop needs the total of every
+    candidate above the margin, the parts only of the one it picks; a thousand tuples kept per
+    candidate are as many objects for the garbage collector, passing ones are not)."""
+    total = 0  # as sum(): int 0 plus the first container's
+    for _, (refill, migration, disruption) in _move_parts(views, placement, targets, idx, config):
+        total += 0 + refill + migration + disruption  # sum() of the three, from int 0, left to right
+    return total
+
+
+_NO_MOVE = (0.0, 0.0, 0.0)
+
+
+def _move_parts(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
+                idx: TopoIndex, config: RebalancerConfig) -> Iterator[tuple[str, tuple[float, float, float]]]:
+    """(container, its move_cost) for each of `targets` in order; a decision moves hundreds of
     containers from a few cpusets to a few targets, so the fractions are looked up once per pair."""
-    out: dict[str, tuple[float, float, float]] = {}
     # per (from, to) pair: None when from == to, else (cold L3 fraction, moved memory fraction by
     # the container's memory nodes); consecutive containers mostly share the pair's objects
     pairs: dict[tuple[frozenset[int], frozenset[int]], tuple[float, dict[frozenset[int], float]] | None] = {}
     refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
     disruption = config.disruption_core_seconds
-    zero = (0.0, 0.0, 0.0)
     last_frm = last_to = pair = None
     for cid, to in targets.items():
         frm = placement[cid]
         if frm is to:
-            out[cid] = zero
+            yield cid, _NO_MOVE
             continue
         if frm is not last_frm or to is not last_to:
             last_frm, last_to = frm, to
@@ -540,7 +559,7 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
                 pairs[key] = None if frm == to else (_cold_fraction(idx, frm, to), {})
             pair = pairs[key]
         if pair is None:
-            out[cid] = zero
+            yield cid, _NO_MOVE
             continue
         v = views[cid]
         cold, moved_of = pair
@@ -548,44 +567,7 @@ def move_costs(views: Mapping[str, View], placement: Placement, targets: Mapping
         if moved is None:
             moved = moved_of[v.mems] = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to)
         # a container without resident memory migrates nothing (0 * fraction == 0.0)
-        out[cid] = ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw,
-                    disruption)
-    return out
-
-
-def move_cost_total(views: Mapping[str, View], placement: Placement, targets: Mapping[str, frozenset[int]],
-                    idx: TopoIndex, config: RebalancerConfig) -> float:
-    """sum(sum(c) for c in move_costs(...).values()): the same float operations in the same
-    order, without a tuple per container (the greedy loop needs the total of every candidate
-    above the margin, the parts only of the one it picks; a thousand tuples per candidate are
-    as many objects for the garbage collector)."""
-    total = 0  # as sum(): int 0 plus the first container's
-    pairs: dict[tuple[frozenset[int], frozenset[int]], tuple[float, dict[frozenset[int], float]] | None] = {}
-    refill_bw, migration_bw = config.refill_bandwidth, config.migration_bandwidth
-    disruption = config.disruption_core_seconds
-    last_frm = last_to = pair = None
-    for cid, to in targets.items():
-        frm = placement[cid]
-        if frm is to:
-            total += 0.0  # sum((0.0, 0.0, 0.0))
-            continue
-        if frm is not last_frm or to is not last_to:
-            last_frm, last_to = frm, to
-            key = (frm, to)
-            if key not in pairs:
-                pairs[key] = None if frm == to else (_cold_fraction(idx, frm, to), {})
-            pair = pairs[key]
-        if pair is None:
-            total += 0.0
-            continue
-        v = views[cid]
-        cold, moved_of = pair
-        moved = moved_of.get(v.mems)
-        if moved is None:
-            moved = moved_of[v.mems] = _moved_fraction(idx, v.mems or idx.nodes_of(frm), to)
-        # sum((refill, migration, disruption)) adds from int 0, left to right
-        total += 0 + (v.occupancy or 0.0) * cold / refill_bw + v.memory_bytes * moved / migration_bw + disruption
-    return total
+        yield cid, ((v.occupancy or 0.0) * cold / refill_bw, v.memory_bytes * moved / migration_bw, disruption)
 
 
 def _cold_fraction(idx: TopoIndex, frm: frozenset[int], to: frozenset[int]) -> float:
