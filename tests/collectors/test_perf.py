@@ -139,6 +139,17 @@ def test_bpf_attribution_credits_busy_cgroup_with_its_cpu_time(host: HostPaths, 
     assert got["busy"]["context_switches_total"] > 0
 
 
+@contextmanager
+def started_bpf(host: HostPaths, cgroups: Cgroups) -> Iterator[perf.BpfPerfCollector]:
+    """The BPF attribution collector on software events, started (asserted up), closed after."""
+    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
+    assert col.start().up
+    try:
+        yield col
+    finally:
+        col.close()
+
+
 def two_loops_on_one_cpu(col: perf.BpfPerfCollector, cgroups: Cgroups, *, same: bool) -> dict[str, object]:
     """Two busy loops sharing CPU 0, in one cgroup (same) or in two."""
     tag = "same" if same else "apart"
@@ -159,13 +170,9 @@ def two_loops_on_one_cpu(col: perf.BpfPerfCollector, cgroups: Cgroups, *, same: 
 @pytest.mark.root
 @pytest.mark.bpf
 def test_switches_within_one_cgroup_read_no_counters_and_attribution_stays_exact(host: HostPaths, cgroups: Cgroups) -> None:
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         same = two_loops_on_one_cpu(col, cgroups, same=True)
         apart = two_loops_on_one_cpu(col, cgroups, same=False)  # control: every switch changes cgroup
-    finally:
-        col.close()
     # the two loops of one cgroup switch between each other every time slice: no read there
     assert same["skipped"] > 100 and same["skipped"] > apart["skipped"], (same, apart)
     # and the skipped switches lose nothing: each cgroup is credited with what the kernel counted
@@ -234,12 +241,8 @@ def test_a_task_moved_since_it_last_switched_out_does_not_take_its_old_cgroups_t
     # Its pmu_task entry still names the old cgroup: skipping the read at its switch-in would
     # credit the parent's unread time to the cgroup it moved into (cgroup_attach_task makes the
     # entry stale): `moved` would get up to a whole gap of the loops' time per round.
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         got = moves_under_a_busy_cgroup(col, cgroups)
-    finally:
-        col.close()
     kernel, metrics = got["kernel"], got["metrics"]
     assert kernel["parent"] > 0.5 and kernel["moved"] > 0  # the loops ran, and the child in `moved`
     assert got["skipped"] > 50, got  # the loops' switches among themselves still read nothing
@@ -308,12 +311,8 @@ def test_a_new_thread_reusing_an_exited_threads_id_does_not_take_its_cgroups_tim
     # first switch-in would credit the parent's unread time to `fresh` (sched_process_fork clears
     # the entry). The children of `fresh` stay in the parent's v1 cgroups: `fresh`'s own time is
     # its v2 cpu.stat.
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         got = reused_ids_under_a_busy_cgroup(col, cgroups)
-    finally:
-        col.close()
     kernel, metrics = got["kernel"], got["metrics"]
     assert got["reused"] > 90, got  # the new thread got the old id (set_tid), nearly every round
     assert kernel["parent"] > 0.5 and kernel["fresh"] > 0, got
@@ -325,12 +324,8 @@ def test_a_new_thread_reusing_an_exited_threads_id_does_not_take_its_cgroups_tim
 @pytest.mark.root
 @pytest.mark.bpf
 def test_bpf_attribution_credits_idle_cgroup_with_near_zero(host: HostPaths, cgroups: Cgroups) -> None:
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         got = busy_and_idle(col, cgroups)
-    finally:
-        col.close()
     assert got["idle"]["task_clock_seconds_total"] < 0.05
     assert got["idle"]["task_clock_seconds_total"] == pytest.approx(got["kernel"]["idle"], abs=0.02)
 
@@ -338,15 +333,11 @@ def test_bpf_attribution_credits_idle_cgroup_with_near_zero(host: HostPaths, cgr
 @pytest.mark.root
 @pytest.mark.bpf
 def test_perf_fds_do_not_grow_with_containers(host: HostPaths, cgroups: Cgroups) -> None:
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         col.collect([cgroups.new("one")], time.time())
         few = col.perf_fds
         col.collect([cgroups.new(f"c{i}") for i in range(20)], time.time())
         many = col.perf_fds
-    finally:
-        col.close()
     assert few == many == len(col.events) * len(perf.online_cpus())
     assert col.perf_fds == 0
 
@@ -355,9 +346,7 @@ def test_perf_fds_do_not_grow_with_containers(host: HostPaths, cgroups: Cgroups)
 @pytest.mark.bpf
 def test_entries_of_removed_cgroups_no_container_owned_are_deleted(host: HostPaths, cgroups: Cgroups) -> None:
     """sched_switch credits every cgroup that runs: those that vanish must not stay in the map."""
-    col = perf.BpfPerfCollector(config=SOFTWARE, host=host, cgroupfs=cgroups.fs)
-    assert col.start().up
-    try:
+    with started_bpf(host, cgroups) as col:
         stray = cgroups.new("stray")
         key = cgroups.fs.cgroup_id(stray.cgroup)
         cgroups.run(stray, ["true"]).wait(timeout=30)
@@ -369,8 +358,6 @@ def test_entries_of_removed_cgroups_no_container_owned_are_deleted(host: HostPat
         for _ in range(keys.SWEEP_PERIOD_CYCLES + 1):
             col.collect([], time.time())
         gone = table.Key(key) not in table
-    finally:
-        col.close()
     assert present and gone
 
 

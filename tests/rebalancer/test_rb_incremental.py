@@ -75,13 +75,19 @@ def _moves(draw: st.DrawFn, ctx: Context) -> tuple[dict[str, frozenset[int]], di
     return targets, classes
 
 
+def _baselined(ctx: Context, rdt: str) -> tuple[CostModel, Layout]:
+    """The context's cost model and its base layout, set as the model's baseline."""
+    model = CostModel(idx=ctx.idx, views=ctx.views, config=CFG, aggressor_class=rdt)
+    base = model.layout(ctx.base.placement, ctx.base.classes)
+    model.set_baseline(base)
+    return model, base
+
+
 @SETTINGS
 @given(st.data(), contexts(), st.sampled_from(["", RDT]))
 def test_a_moved_layout_scores_exactly_as_the_same_layout_built_whole(data: st.DataObject, ctx: Context,
                                                                       rdt: str) -> None:
-    model = CostModel(idx=ctx.idx, views=ctx.views, config=CFG, aggressor_class=rdt)
-    base = model.layout(ctx.base.placement, ctx.base.classes)
-    model.set_baseline(base)
+    model, base = _baselined(ctx, rdt)
     targets, classes = _moves(data.draw, ctx)
     after = base.moved(model, targets, classes)
     whole = model.layout(after.placement, after.classes)
@@ -96,9 +102,7 @@ def test_a_moved_layout_scores_exactly_as_the_same_layout_built_whole(data: st.D
 @given(st.data(), contexts(), st.sampled_from(["", RDT]))
 def test_a_layout_scored_from_its_parent_scores_exactly_as_scored_whole(data: st.DataObject, ctx: Context,
                                                                         rdt: str) -> None:
-    model = CostModel(idx=ctx.idx, views=ctx.views, config=CFG, aggressor_class=rdt)
-    base = model.layout(ctx.base.placement, ctx.base.classes)
-    model.set_baseline(base)
+    model, base = _baselined(ctx, rdt)
     ev = model.evaluate(base)
     after = base.moved(model, *_moves(data.draw, ctx))
     ev_after = model.evaluate(after, (base, ev))
