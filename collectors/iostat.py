@@ -13,8 +13,9 @@ it, however much it writes. So on v1 the collector turns the accounting on for e
 (`v1_accounting`, on by default): it writes "MAJ:MIN 0" (no limit) into `blkio.throttle.
 write_bps_device` of an empty cgroup of its own and removes that cgroup again. No rule is left
 anywhere and no I/O is limited; the queue keeps blk-throttle's per-bio check from then on (what
-every kernel did before the lazy start). Devices are looked for at start and each cycle (a loop
-device attached later, a hot-plugged disk); `detail.accounting_devices` counts them.
+every kernel did before the lazy start). Devices are looked for at start and whenever the listing
+of <sysfs>/block changes (a loop device added later, a hot-plugged disk); `detail.accounting_devices`
+counts them.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class IoStatCollector:
         self.cgroupfs, self.enabled, self.max_open_files = cgroupfs, enabled, max_open_files
         self.sysfs, self.v1_accounting = sysfs, v1_accounting
         self._accounted: set[str] = set()  # MAJ:MIN whose accounting is on (or was refused: not retried)
+        self._disks: list[str] = []  # <sysfs>/block as last listed: its devices are read only when it changes
         self._v1 = False
         self._files: FileCache | None = None
         self._prev: dict[str, IoTotals] = {}
@@ -192,6 +194,13 @@ class IoStatCollector:
         """v1: turn blk-throttle's accounting on for block devices not seen before (module docstring)."""
         if not self.v1_accounting:
             return
+        try:
+            disks = sorted(os.listdir(os.path.join(self.sysfs, "block")))
+        except OSError:
+            return
+        if disks == self._disks:
+            return  # the same disks as at the last cycle: nothing new (no sysfs file read)
+        self._disks = disks
         new = [d for d in block_devices(self.sysfs) if d not in self._accounted]
         if not new:
             return
