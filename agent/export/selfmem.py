@@ -15,8 +15,10 @@ cycle, when it renders the cycle's report.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 STATUS = "/proc/self/status"
 _STATUS_FIELDS = {"VmRSS": "resident", "RssAnon": "anonymous"}
@@ -68,18 +70,17 @@ def read(status_path: str = STATUS) -> SelfMemory:
                       python_blocks=sys.getallocatedblocks())
 
 
-_mallinfo2_fn: object = None  # None: not looked up yet; False: this libc has none
+@functools.cache
+def _mallinfo2_function() -> Any:
+    """glibc's mallinfo2, looked up once; None where the libc has none (musl, glibc < 2.33)."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [], _Mallinfo2
+    return fn
 
 
 def _mallinfo2() -> _Mallinfo2 | None:
-    global _mallinfo2_fn
-    if _mallinfo2_fn is None:
-        try:
-            fn = ctypes.CDLL(None).mallinfo2
-            fn.argtypes, fn.restype = [], _Mallinfo2
-            _mallinfo2_fn = fn
-        except (OSError, AttributeError):  # musl, glibc < 2.33
-            _mallinfo2_fn = False
-    if _mallinfo2_fn is False:
-        return None
-    return _mallinfo2_fn()  # type: ignore[operator, no-any-return]
+    fn = _mallinfo2_function()
+    return None if fn is None else fn()
