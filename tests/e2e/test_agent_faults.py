@@ -22,6 +22,14 @@ from tests.e2e.conftest import PERFBALANCE, run_agent
 pytestmark = [pytest.mark.root, pytest.mark.bpf, pytest.mark.slow]
 
 
+def _swap(path: Path, text: str) -> None:
+    """Replace the config file whole, as a ConfigMap update does (write aside, rename): an
+    in-place write can be read half-written, a shorter but valid YAML that the agent then loads."""
+    aside = path.with_name(path.name + ".new")
+    aside.write_text(text)
+    os.replace(aside, path)
+
+
 def _agent(cfg_path: Path, cycles: int, interval: float = 0.5, **kw) -> tuple[Agent, io.StringIO]:
     import dataclasses
 
@@ -41,11 +49,11 @@ async def test_config_turning_invalid_at_run_time_keeps_the_last_good_one(demo_w
     async def break_then_fix() -> None:
         while agent.state.latest is None:
             await asyncio.sleep(0.05)
-        cfg.write_text(cfg.read_text().replace("margin: 0.5", "margin: lots"))
+        _swap(cfg, cfg.read_text().replace("margin: 0.5", "margin: lots"))
         while agent.state.config_valid:
             await asyncio.sleep(0.05)
         assert agent.config.rebalancer.margin == 0.5  # last good one in force
-        cfg.write_text(cfg.read_text().replace("margin: lots", "margin: 0.25"))
+        _swap(cfg, cfg.read_text().replace("margin: lots", "margin: 0.25"))
 
     fixer = asyncio.create_task(break_then_fix())
     assert await agent.run() == 0
@@ -197,9 +205,9 @@ async def test_scrapes_during_config_reloads_always_answer(demo_workloads, write
             await asyncio.sleep(0.05)
         good = cfg.read_text()
         for i in range(12):
-            cfg.write_text(good.replace("dwell_seconds: 0.0", f"dwell_seconds: {i}.5") if i % 2 else "agent: [broken\n")
+            _swap(cfg, good.replace("dwell_seconds: 0.0", f"dwell_seconds: {i}.5") if i % 2 else "agent: [broken\n")
             await asyncio.sleep(0.25)
-        cfg.write_text(good)
+        _swap(cfg, good)
 
     t = threading.Thread(target=scrape, daemon=True)
     t.start()
@@ -223,7 +231,7 @@ async def test_doctor_shows_that_the_running_agent_rejected_its_config(demo_work
     async def corrupt() -> None:
         while agent.state.latest is None:
             await asyncio.sleep(0.05)
-        cfg.write_text(cfg.read_text() + "bogus_section: {}\n")
+        _swap(cfg, cfg.read_text() + "bogus_section: {}\n")
 
     task = asyncio.create_task(corrupt())
     assert await agent.run() == 0
