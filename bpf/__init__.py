@@ -2,7 +2,10 @@
 
 The C files are templates only in the sense of `#ifndef` defaults: `render()` prepends `#define`
 lines (the same effect as `-D` flags), so `perfbalance doctor --dump-bpf` shows exactly the text
-bcc compiles. Programs read tracepoint fields and helpers only, never kernel struct layouts.
+bcc compiles. Programs read tracepoint fields and helpers only, never a layout from the header
+tree bcc compiles with; the one struct reader (runqlat's sched_info method) takes every offset
+from the running kernel's BTF as a define (collectors/bpfenv/btf.py), and the verifier checks
+each of its loads against that BTF.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ class Program:
         return (self.tracepoint, *self.also)
 
 
+# runqlat's sched_info method: the struct offsets it reads, from the running kernel's BTF.
+SCHEDINFO_OFFSETS = ("PB_OFF_PCOUNT", "PB_OFF_RUN_DELAY", "PB_OFF_CGROUPS", "PB_OFF_DFL_CGRP", "PB_OFF_KN",
+                     "PB_OFF_KN_ID", "PB_OFF_POPULATED", "PB_OFF_TGID")
+SCHEDINFO_FUNCTION = "pb_runqlat_switch"  # its tp_btf program on sched_switch (not a bcc auto-attach name)
+
 PROGRAMS: dict[str, Program] = {
     "avx512": Program(
         name="avx512", file="avx512.bpf.c", tracepoint=("x86_fpu", "x86_fpu_regs_deactivated"),
@@ -44,7 +52,7 @@ PROGRAMS: dict[str, Program] = {
     "runqlat": Program(
         name="runqlat", file="runqlat.bpf.c", tracepoint=("sched", "sched_switch"),
         also=(("sched", "sched_wakeup"), ("sched", "sched_wakeup_new")),
-        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID", "PB_FLUSH"),
+        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID", "PB_FLUSH", "PB_SCHEDINFO", *SCHEDINFO_OFFSETS),
         doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
 

@@ -1,5 +1,25 @@
 // Run-queue latency per container: how long a runnable task waits for a CPU.
 //
+// Two methods fill the same histograms (PB_SCHEDINFO selects):
+//
+// sched_info (PB_SCHEDINFO, a BTF raw tracepoint on sched_switch, the default where the kernel
+// has BTF and CONFIG_SCHED_INFO): the kernel already measures every wait. It stamps a task when
+// it is queued (woken, new, or preempted while runnable: sched_info.last_queued) and, when the
+// task is switched in, adds the wait to task->sched_info.run_delay and counts the arrival in
+// sched_info.pcount (kernel/sched/stats.h). Both happen after the sched_switch tracepoint, in
+// context_switch(). So at the switch-in of `next` this CPU parks next's pcount and run_delay, and
+// at its switch-out (the next sched_switch on this CPU, where prev is that task: a task switched
+// in on a CPU runs there until it is switched out there) the run_delay grown by exactly one
+// arrival is the wait before that run. No clock is read, no wakeup is traced, no slot is shared
+// between CPUs, and no helper is called on the way: loads through the BTF-typed task pointers
+// are plain instructions (on a CPU with retpolines and return thunks, each helper call here
+// costs 40-80 ns). The key is prev's v2 cgroup id, read as bpf_get_current_cgroup_id() does
+// (task->cgroups->dfl_cgrp->kn->id). Offsets come from the running kernel's BTF as defines
+// (collectors/bpfenv/btf.py; the verifier checks each load against the same BTF): PB_OFF_PCOUNT,
+// PB_OFF_RUN_DELAY, PB_OFF_CGROUPS, PB_OFF_DFL_CGRP, PB_OFF_KN, PB_OFF_KN_ID, PB_OFF_POPULATED
+// (cgroup.nr_populated_csets), PB_OFF_TGID.
+//
+// wakeup stamps (the fallback, tracepoint fields and helpers only, no struct layout read):
 // A task becomes runnable at sched_wakeup / sched_wakeup_new (fired in the waker's context, so
 // current is NOT the woken task: only its pid, a tracepoint field, is known there), or stays
 // runnable when it is preempted (sched_switch with a prev_state whose TASK_REPORT bits, 0x7f plus
@@ -31,10 +51,17 @@
 // (collectors/bpfenv/maps.py PendingSlots), so a delay is in the window it happened in even on a
 // CPU that has not flushed: never lost, never misattributed.
 //
+// An exiting task's delays go to the hash at its last switch when its cgroup has no other task
+// left (cgroup.nr_populated_csets is 0 by then: cgroup_exit() ran before the final schedule), so
+// the cgroup can be removed and its entry pruned before another key would flush them; with the
+// wakeup stamps (no struct read) at every exit. Pending delays of a cgroup removed while another
+// CPU still holds them are flushed at that CPU's next key change, and the entry they recreate is
+// pruned by the next sweep of live keys (collectors/bpfenv/keys.py LiveKeys).
+//
 // Defines (see bpf/__init__.py): PB_MAX_KEYS (histogram map size), PB_TASK_BITS (log2 of the
 // runnable-since slots), PB_KEY_PID (key by process id instead of cgroup id, for hosts without
 // cgroup v2 or bpf_get_current_cgroup_id), PB_FLUSH (delays gathered per CPU before they are
-// added to the hash; 1 adds every delay at once).
+// added to the hash; 1 adds every delay at once), PB_SCHEDINFO and its offsets (above).
 
 #ifndef PB_MAX_KEYS
 #define PB_MAX_KEYS 10240
@@ -58,37 +85,24 @@ struct rq_hist {
 };
 
 struct rq_cpu {
+#ifdef PB_SCHEDINFO
+    u64 task;       // task_struct switched in on this CPU at its last sched_switch
+    u64 pcount;     // its sched_info.pcount and run_delay then
+    u64 run_delay;
+    u64 cset;       // the css_set whose key is `key` (most switches stay in one cgroup)
+#else
     u32 pid;    // thread switched in on this CPU at its last sched_switch
     u32 valid;
     u64 delay_ns;
+#endif
     u64 key;    // whose delays `pend` gathers
     u64 n;      // delays in `pend`
     struct rq_hist pend;
 };
 
-BPF_ARRAY(rq_start, u64, PB_TASK_SLOTS);  // (runnable since >> 10) << 22 | thread id
 BPF_PERCPU_ARRAY(rq_park, struct rq_cpu, 1);
 BPF_HASH(rq_hist, u64, struct rq_hist, PB_MAX_KEYS);
 BPF_ARRAY(rq_dropped, u64, 1);  // delays lost because the histogram map was full
-
-static __always_inline void rq_runnable(u32 pid, u64 now) {
-    u32 idx = pid & (PB_TASK_SLOTS - 1);
-    u64 *slot = rq_start.lookup(&idx);
-    if (slot)
-        *slot = ((now >> 10) << PB_PID_BITS) | (pid & PB_PID_MASK);
-}
-
-TRACEPOINT_PROBE(sched, sched_wakeup) {
-    if (args->pid)
-        rq_runnable(args->pid, bpf_ktime_get_ns());
-    return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_wakeup_new) {
-    if (args->pid)
-        rq_runnable(args->pid, bpf_ktime_get_ns());
-    return 0;
-}
 
 // This CPU's pending delays into the shared histogram of their key.
 static __always_inline void rq_flush(struct rq_cpu *p) {
@@ -119,17 +133,13 @@ static __always_inline void rq_flush(struct rq_cpu *p) {
     p->n = 0;
 }
 
-static __always_inline void rq_account(struct rq_cpu *p) {
-#ifdef PB_KEY_PID
-    u64 key = bpf_get_current_pid_tgid() >> 32;
-#else
-    u64 key = bpf_get_current_cgroup_id();
-#endif
+// One delay of `key` into this CPU's pending histogram.
+static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) {
     if (p->key != key) {
         rq_flush(p);
         p->key = key;
     }
-    u64 units = p->delay_ns >> 10;
+    u64 units = delay_ns >> 10;
     // A 64-bit index, clamped in the register that indexes: with a u32, clang zero-extends one
     // copy for the comparison and another for the index, and the 6.1 verifier, not linking the
     // two, refuses the load ("R2 unbounded memory access"; newer verifiers accept it). The empty
@@ -139,9 +149,90 @@ static __always_inline void rq_account(struct rq_cpu *p) {
         s = PB_SLOTS - 1;
     asm volatile("" : "+r"(s));
     p->pend.slot[s]++;
-    p->pend.sum_ns += p->delay_ns;
+    p->pend.sum_ns += delay_ns;
     if (++p->n >= PB_FLUSH)
         rq_flush(p);
+}
+
+#ifdef PB_SCHEDINFO
+#define PB_TASK_DEAD 0x80  // TASK_DEAD in the raw prev_state (include/linux/sched.h, since 4.14)
+#define PB_LOAD(type, base, off) (*(type *)((void *)(base) + (off)))
+
+static __always_inline void *rq_dfl_cgroup(void *task) {
+    void *cset = PB_LOAD(void *, task, PB_OFF_CGROUPS);
+    return PB_LOAD(void *, cset, PB_OFF_DFL_CGRP);
+}
+
+// tp_btf sched_switch (collectors/bpfenv/rawtp.py attaches it): ctx[0] preempt, ctx[1] prev
+// (current), ctx[2] next, ctx[3] prev_state (raw task state, not the tracepoint's TASK_REPORT).
+int pb_runqlat_switch(unsigned long long *ctx) {
+    int zero_idx = 0;
+    struct rq_cpu *p = rq_park.lookup(&zero_idx);
+    if (!p)
+        return 0;
+    void *prev = (void *)ctx[1];
+    void *next = (void *)ctx[2];
+    // The idle task never arrives (pcount stays 0), and a task parked before this program saw
+    // its switch-in, or reused memory of an exited one, fails the one-arrival check.
+    if (p->task == (u64)prev && PB_LOAD(u64, prev, PB_OFF_PCOUNT) == p->pcount + 1) {
+        u64 delay = PB_LOAD(u64, prev, PB_OFF_RUN_DELAY) - p->run_delay;
+#ifdef PB_KEY_PID
+        rq_account(p, delay, PB_LOAD(u32, prev, PB_OFF_TGID));
+#else
+        void *cset = PB_LOAD(void *, prev, PB_OFF_CGROUPS);
+        u64 key = p->key;
+        if ((u64)cset != p->cset) {  // a css_set names one v2 cgroup: its id only on a change
+            void *kn = PB_LOAD(void *, PB_LOAD(void *, cset, PB_OFF_DFL_CGRP), PB_OFF_KN);
+            key = PB_LOAD(u64, kn, PB_OFF_KN_ID);
+            asm volatile("" : "+r"(key));  // keeps clang from merging this load with p->key's
+        }
+        rq_account(p, delay, key);
+        p->cset = (u64)cset;
+#endif
+    }
+    if ((u32)ctx[3] & PB_TASK_DEAD) {
+#ifdef PB_KEY_PID
+        rq_flush(p);
+#else
+        if (PB_LOAD(int, rq_dfl_cgroup(prev), PB_OFF_POPULATED) == 0)
+            rq_flush(p);
+#endif
+    }
+    p->task = (u64)next;
+    p->pcount = PB_LOAD(u64, next, PB_OFF_PCOUNT);
+    p->run_delay = PB_LOAD(u64, next, PB_OFF_RUN_DELAY);
+    return 0;
+}
+
+#else  // wakeup stamps
+
+BPF_ARRAY(rq_start, u64, PB_TASK_SLOTS);  // (runnable since >> 10) << 22 | thread id
+
+static __always_inline u64 rq_current_key(void) {
+#ifdef PB_KEY_PID
+    return bpf_get_current_pid_tgid() >> 32;
+#else
+    return bpf_get_current_cgroup_id();
+#endif
+}
+
+static __always_inline void rq_runnable(u32 pid, u64 now) {
+    u32 idx = pid & (PB_TASK_SLOTS - 1);
+    u64 *slot = rq_start.lookup(&idx);
+    if (slot)
+        *slot = ((now >> 10) << PB_PID_BITS) | (pid & PB_PID_MASK);
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup) {
+    if (args->pid)
+        rq_runnable(args->pid, bpf_ktime_get_ns());
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new) {
+    if (args->pid)
+        rq_runnable(args->pid, bpf_ktime_get_ns());
+    return 0;
 }
 
 // The waiting time of `next`, parked for attribution; returns the clock it read (0: none).
@@ -170,7 +261,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     u32 prev = args->prev_pid;
     // current == prev: the delay parked when prev was switched in is now attributable.
     if (p->valid && p->pid == prev)
-        rq_account(p);
+        rq_account(p, p->delay_ns, rq_current_key());
     p->valid = 0;
     // An exiting task's delays go to the hash now: once its cgroup's last task is gone the
     // cgroup can be removed, and its entry pruned, before another key would flush them.
@@ -181,3 +272,4 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         rq_runnable(prev, now ? now : bpf_ktime_get_ns());
     return 0;
 }
+#endif

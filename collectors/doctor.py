@@ -70,7 +70,11 @@ def rendered_programs(config: CollectorsConfig, host: HostPaths) -> list[Rendere
         wanted.append(("pmu", "perf", perf.bpf_defines(config.perf, nevents=len(events),
                                                        ncpu=perf.possible_cpus(host.sysfs), pid_keys=pid_keys)))
     if config.runqlat.enabled:
-        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys)))
+        try:
+            layout, _ = runqlat.choose_layout(config.runqlat, host)
+        except FeatureUnavailable:  # sched_info asked for and unavailable: the collector won't start
+            layout = None
+        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys, layout=layout)))
     return [RenderedProgram(name=name, collector=collector, cflags=tuple(bpf.cflags(name, defines)),
                             text=bpf.render(name, defines)) for name, collector, defines in wanted]
 

@@ -16,6 +16,8 @@ TEST_PKGS+=(qemu-system-x86)
 TEST_PKGS+=(podman mmdebstrap)
 # tests/node: a cgroup-v2-only guest (Debian's 6.1 kernel under virtme-ng; only adds it to /boot)
 TEST_PKGS+=(linux-image-amd64)
+# tests/collectors/test_btf.py: an independent reading of the kernel's BTF to check our offsets against
+TEST_PKGS+=(bpftool)
 
 pkgs=("${RUN_PKGS[@]}")
 [ "$MODE" = test ] && pkgs+=("${TEST_PKGS[@]}")

@@ -4,13 +4,15 @@ The design promise is a cost independent of the number of containers (cadvisor n
 scrape at 60 containers). This measures, with the real collectors:
 - bpf_ns_per_event: average run time of each BPF program per event (BPF_ENABLE_STATS, else the
   kernel.bpf_stats_enabled sysctl; fdinfo run_time_ns / run_cnt): `avx512`, `pmu` and runqlat's
-  three probes `runqlat_sched_switch`, `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`, each
-  beside its floor (bpf_ns_floor: an empty program on the same tracepoint) and its key floor
+  probes (`runqlat_sched_switch` alone with its sched_info method, a BTF raw tracepoint; with
+  wakeup stamps also `runqlat_sched_wakeup`, `runqlat_sched_wakeup_new`), each beside its floor
+  (bpf_ns_floor: an empty program on the same tracepoint, of the same kind) and its key floor
   (bpf_ns_key_floor: a program that only reads the cgroup id into a per-CPU slot, the least any
   per-cgroup attribution costs here) and its clock floor (bpf_ns_clock_floor: the key floor plus
   one bpf_ktime_get_ns, the least a per-cgroup latency measurement costs); the same under a
   two-cgroup load (bpf_ns_per_event_two_cgroups: consecutive events on a CPU change cgroup); and
-  the PMU program's split (pmu_ns_split: with_reads, without_reads, reads),
+  the PMU program's split (pmu_ns_split: with_reads, without_reads, reads); runqlat's two methods
+  loaded alone in turn (runqlat_methods: per probe, and per switch over all its probes),
 - cycle_cpu_seconds: CPU time (user + system, of the collecting thread) of one steady-state
   collection cycle of all collectors (the agent's five: avx512, perf, cgroup_stats, iostat,
   runqlat) with 10, 100 and 1000 real cgroups, each holding a `sleep`,
@@ -41,6 +43,8 @@ import bpf
 from agent.bench.scrape import measure_scrape, memory
 from agent.bench.start import measure_start
 from collectors import perf
+from collectors.bpfenv import rawtp
+from collectors.bpfenv.btf import VMLINUX, Btf
 from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.progstats import bpf_stats_enable, prog_stats
@@ -59,23 +63,20 @@ QUICK_SIZES = (10, 100)
 PREFIX = "pbbench-collect"
 CONTROLLERS = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "io")  # what the collectors read (those mounted)
 
-def _programs(program: str, *, per_event: bool = False) -> dict[str, tuple[str, str]]:
-    """Report name -> tracepoint of one BPF program's probes: each as "runqlat_sched_wakeup"
-    (per_event, so that two programs on one tracepoint never share a name), else the main one
-    alone under the program's name (the PMU's fork and cgroup-move probes are not its per-event
-    cost)."""
-    if not per_event:
-        return {program: bpf.PROGRAMS[program].tracepoint}
-    return {f"{program}_{tp[1]}": tp for tp in bpf.PROGRAMS[program].tracepoints}
+def _programs(program: str) -> dict[str, tuple[str, str]]:
+    """Report name -> tracepoint of one BPF program's main probe, under the program's name (the
+    PMU's fork and cgroup-move probes are not its per-event cost)."""
+    return {program: bpf.PROGRAMS[program].tracepoint}
 
 
 # Each collector's own programs, looked up in that collector's loaded object only: the PMU and
-# the runqlat programs both attach to sched_switch and bcc names both functions alike.
+# the runqlat programs both attach to sched_switch and bcc names both functions alike. runqlat
+# names its own (program_fds: which ones depend on its method).
 COLLECTOR_PROGRAMS: dict[str, dict[str, tuple[str, str]]] = {
     "avx512": _programs("avx512"),
     "perf": _programs("pmu"),
-    "runqlat": _programs("runqlat", per_event=True),
 }
+TP_BTF = "tp_btf"  # the "category" of a BTF raw tracepoint in the (category, event) pairs here
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,6 +105,7 @@ def measure(host: HostPaths, sizes: Sequence[int], *, rounds: int = 5, seconds: 
          out["bpf_ns_key_floor"], out["bpf_ns_clock_floor"]) = _costs(host, collectors, rounds=rounds, seconds=seconds)
         out["bpf_ns_per_event_two_cgroups"] = two_cgroup_costs(host, fs, collectors, rounds=rounds, seconds=seconds)
         out["pmu_ns_split"] = pmu_split(host, collectors, rounds=rounds, seconds=seconds)
+        out["runqlat_methods"] = runqlat_methods(host, fs, rounds=rounds, seconds=seconds)
         for n in sizes:
             with sleeping_cgroups(fs, n) as containers:
                 total, by = cycle_cost(collectors, containers)
@@ -149,9 +151,18 @@ def rss_bytes(procfs: str) -> int:
 # --- BPF cost per event -------------------------------------------------------------------------
 
 
+FLOOR_FUNCTION = "pb_floor"  # the function of a floor program on a BTF raw tracepoint
+
+
+def _probe(tracepoint: tuple[str, str]) -> str:
+    if tracepoint[0] == TP_BTF:
+        return f"int {FLOOR_FUNCTION}(unsigned long long *ctx)"
+    return f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]})"
+
+
 def floor_program(tracepoint: tuple[str, str]) -> str:
     """An empty program on `tracepoint`: what the run-time accounting itself costs there."""
-    return f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{ return 0; }}"
+    return f"{_probe(tracepoint)} {{ return 0; }}"
 
 
 def key_floor_program(tracepoint: tuple[str, str], *, clock: bool = False) -> str:
@@ -160,9 +171,27 @@ def key_floor_program(tracepoint: tuple[str, str], *, clock: bool = False) -> st
     `clock`, one bpf_ktime_get_ns as well: the least a per-cgroup latency measurement costs."""
     value = "bpf_get_current_cgroup_id() + bpf_ktime_get_ns()" if clock else "bpf_get_current_cgroup_id()"
     return ("BPF_PERCPU_ARRAY(key_floor, u64, 1);\n"
-            f"TRACEPOINT_PROBE({tracepoint[0]}, {tracepoint[1]}) {{\n"
+            f"{_probe(tracepoint)} {{\n"
             "    int idx = 0;\n    u64 *v = key_floor.lookup(&idx);\n"
             f"    if (v)\n        *v += {value};\n    return 0;\n}}\n")
+
+
+@contextmanager
+def floor_fd(host: HostPaths, env: Any, text: str, tracepoint: tuple[str, str]) -> Iterator[int]:
+    """`text` (a floor program) loaded and attached on `tracepoint`: its program fd."""
+    b = env.load(text)
+    raw = None
+    try:
+        if tracepoint[0] == TP_BTF:
+            btf_id = Btf.read(os.path.join(host.sysfs, VMLINUX)).raw_tracepoint(tracepoint[1])[0]
+            raw = rawtp.attach(b, FLOOR_FUNCTION, btf_id=btf_id, event=tracepoint[1])
+            yield raw.fd
+        else:
+            yield b.funcs[bpf.probe_function(tracepoint)].fd
+    finally:
+        if raw is not None:
+            raw.close()
+        b.cleanup()
 
 
 def bpf_costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
@@ -184,11 +213,8 @@ def _costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5, secon
             for tp in dict.fromkeys(tp for _, tp in progs.values()):
                 for kind, text in (("floor", floor_program(tp)), ("key_floor", key_floor_program(tp)),
                                    ("clock_floor", key_floor_program(tp, clock=True))):
-                    b = env.load(text)
-                    try:
-                        cost = _measure(host, {kind: b.funcs[bpf.probe_function(tp)].fd}, rounds, seconds)[0]
-                    finally:
-                        b.cleanup()
+                    with floor_fd(host, env, text, tp) as fd:
+                        cost = _measure(host, {kind: fd}, rounds, seconds)[0]
                     floors[kind].update({n: cost[kind] for n, (_, t) in progs.items() if t == tp and kind in cost})
         except FeatureUnavailable:
             pass
@@ -236,6 +262,37 @@ def pmu_split(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5,
     if "with_reads" in got and "without_reads" in got:
         got["reads"] = round(got["with_reads"] - got["without_reads"], 1)
     return got
+
+
+def runqlat_methods(host: HostPaths, fs: Cgroupfs, *, rounds: int = 5, seconds: float = 1.0
+                    ) -> dict[str, dict[str, float]]:
+    """runqlat's two methods measured apart, each loaded alone, alternating, under the default
+    load: per method its probes' median ns per event and `per_switch`, the run time of all its
+    probes over the switches (the wakeup stamps also pay a probe per wakeup; the sched_info
+    method has none). A method this node cannot load is absent."""
+    per: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        for method in ("sched_info", "wakeup_stamps"):
+            col = RunqlatCollector(config=RunqlatConfig(method=method), host=host, cgroupfs=fs)
+            try:
+                if not col.start().up:
+                    continue
+                fds = {event: fd for event, (fd, _) in col.program_fds().items()}
+                with stats_enabled(host.procfs):
+                    before = {e: prog_stats(host.procfs, fd) for e, fd in fds.items()}
+                    _load(seconds)
+                    after = {e: prog_stats(host.procfs, fd) for e, fd in fds.items()}
+            finally:
+                col.close()
+            got = per.setdefault(method, {})
+            delta = {e: (after[e][0] - before[e][0], after[e][1] - before[e][1]) for e in fds}
+            for e, (t, n) in delta.items():
+                if n > 0:
+                    got.setdefault(e, []).append(t / n)
+            switches = delta.get("sched_switch", (0, 0))[1]
+            if switches > 0:
+                got.setdefault("per_switch", []).append(sum(t for t, _ in delta.values()) / switches)
+    return {m: {e: round(_median(v), 1) for e, v in got.items()} for m, got in per.items()}
 
 
 def _measure(host: HostPaths, progs: dict[str, int], rounds: int, seconds: float,
@@ -300,6 +357,8 @@ def loaded_programs(collectors: Sequence[Any]) -> dict[str, tuple[int, tuple[str
             func = bpf.probe_function(tp)
             if func in b.funcs:
                 out[name] = (b.funcs[func].fd, tp)
+        if hasattr(inner, "program_fds"):
+            out.update({f"{c.name}_{event}": got for event, got in inner.program_fds().items()})
     return out
 
 

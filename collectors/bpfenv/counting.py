@@ -16,6 +16,7 @@ import bpf
 from collectors.bpfenv.keys import KeyMap, KeyMaps, LiveKeys
 from collectors.bpfenv.loader import prepare
 from collectors.bpfenv.maps import CountingMap, PendingSlots
+from collectors.bpfenv.rawtp import RawTracepoint, attach
 from perfbalance.host import HostPaths
 from perfbalance.model import CollectorStatus
 
@@ -29,19 +30,30 @@ class CountingProgram:
         self._force_pid_keys = pid_keys
         self.keymaps = keymaps  # shared with the other BPF collectors: one walk per cycle
         self._bpf: Any = None
+        self._raw: RawTracepoint | None = None  # a tp_btf program of the object, attached by us
         self._map: CountingMap | None = None
         self._keys: KeyMap | None = None
         self._status = CollectorStatus(up=False, reason="not started")
         self.defines: dict[str, bpf.DefineValue] = {}
 
     def load(self, program: str, defines_of: Callable[[bool], dict[str, bpf.DefineValue]], *, counts: str,
-             pending: str, counts_field: str, fields: Sequence[str], max_keys: int) -> CollectorStatus:
+             pending: str, counts_field: str, fields: Sequence[str], max_keys: int,
+             raw_tp: tuple[str, int, str] | None = None, **detail: Any) -> CollectorStatus:
         """Compile and attach bpf/<program>.bpf.c; `counts` is its hash, `pending` its per-CPU
-        array of not yet flushed counts. Raises FeatureUnavailable, PerfbalanceError or OSError."""
+        array of not yet flushed counts; `raw_tp` (function, BTF id of btf_trace_<event>, event):
+        a function of it to attach as a tp_btf program (bcc attaches the TRACEPOINT_PROBEs).
+        Raises FeatureUnavailable, PerfbalanceError or OSError."""
         env = prepare(self.host, need=[program])
         pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
         self.defines = defines_of(pid_keys)
         self._bpf = env.load(bpf.render(program, self.defines))
+        if raw_tp is not None:
+            try:
+                self._raw = attach(self._bpf, raw_tp[0], btf_id=raw_tp[1], event=raw_tp[2])
+            except BaseException:
+                self._bpf.cleanup()
+                self._bpf = None
+                raise
         live = LiveKeys(self.cgroupfs, pid_keys=pid_keys, procfs=self.host.procfs)
         self._map = CountingMap(self._bpf[counts.encode()], fields=fields, batch=env.batch_reads,
                                 max_keys=max_keys, live=live, name=counts,
@@ -49,12 +61,15 @@ class CountingProgram:
                                                      counts_field=counts_field, fields=fields))
         self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
-                         headers=env.headers.source, headers_release=env.headers.release)
+                         headers=env.headers.source, headers_release=env.headers.release, **detail)
 
     def status(self) -> CollectorStatus:
         return self._status
 
     def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None

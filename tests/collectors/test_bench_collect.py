@@ -14,13 +14,21 @@ from perfbalance.host import HostPaths
 @pytest.mark.bpf
 def test_bench_reports_bpf_cost_cycle_cpu_fds_and_rss(host: HostPaths) -> None:
     out = bench_collect.measure(host, (2, 8), rounds=1, seconds=0.3, scrape_containers=30, start_runs=1)
-    programs = {"avx512", "pmu", "runqlat_sched_switch", "runqlat_sched_wakeup", "runqlat_sched_wakeup_new"}
+    # runqlat's sched_info method is one BTF raw tracepoint on sched_switch where the kernel has BTF
+    stamps = not os.path.exists("/sys/kernel/btf/vmlinux")
+    programs = {"avx512", "pmu", "runqlat_sched_switch"} | (
+        {"runqlat_sched_wakeup", "runqlat_sched_wakeup_new"} if stamps else set())
     assert set(out["bpf_ns_per_event"]) == programs, out["collectors"]
     assert all(ns > 0 for ns in out["bpf_ns_per_event"].values())
     assert set(out["bpf_ns_floor"]) == programs
-    # one floor per tracepoint: the PMU and runqlat programs share sched_switch's
-    assert out["bpf_ns_floor"]["pmu"] == out["bpf_ns_floor"]["runqlat_sched_switch"]
+    assert all(ns > 0 for ns in out["bpf_ns_floor"].values())
     assert set(out["bpf_ns_per_event_two_cgroups"]) == programs
+    methods = out["runqlat_methods"]  # both methods, each alone: the stamps pay per wakeup too
+    assert set(methods["wakeup_stamps"]) == {"sched_switch", "sched_wakeup", "sched_wakeup_new", "per_switch"}
+    assert methods["wakeup_stamps"]["per_switch"] > methods["wakeup_stamps"]["sched_switch"]
+    if not stamps:
+        assert set(methods["sched_info"]) == {"sched_switch", "per_switch"}
+        assert methods["sched_info"]["per_switch"] == methods["sched_info"]["sched_switch"]
     assert set(out["bpf_ns_key_floor"]) == set(out["bpf_ns_clock_floor"]) == programs
     split = out["pmu_ns_split"]  # the program without its counter reads is the cheaper one
     assert split["without_reads"] < split["with_reads"] and split["reads"] > 0, split
@@ -53,5 +61,6 @@ def test_programs_on_one_tracepoint_are_told_apart_by_their_collector(host: Host
     finally:
         for c in collectors:
             c.close()
-    assert progs["pmu"][1] == progs["runqlat_sched_switch"][1] == ("sched", "sched_switch")
+    assert progs["pmu"][1] == ("sched", "sched_switch")
+    assert progs["runqlat_sched_switch"][1] in (("sched", "sched_switch"), ("tp_btf", "sched_switch"))
     assert progs["pmu"][0] != progs["runqlat_sched_switch"][0]  # two programs, two fds

@@ -65,9 +65,9 @@ def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_p
     (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0\n")
     (tmp_path / "cgroup").mkdir()
     (tmp_path / "cgroup/cgroup.controllers").write_text("cpu cpuset\n")
-    host = HostPaths(procfs=str(tmp_path / "proc"), cgroup=str(tmp_path / "cgroup"))
+    host = HostPaths(procfs=str(tmp_path / "proc"), cgroup=str(tmp_path / "cgroup"), sysfs=str(tmp_path / "sys"))
     config = CollectorsConfig(avx512=Avx512Config(max_keys=128), perf=PerfConfig(mode="off"),
-                              runqlat=RunqlatConfig(max_keys=256))
+                              runqlat=RunqlatConfig(max_keys=256))  # no BTF under sys/: wakeup stamps
     programs = doctor.rendered_programs(config, host)
     assert [p.name for p in programs] == ["avx512", "runqlat"]  # perf off: no pmu program
     want = {"avx512": avx512.bpf_defines(config.avx512, pid_keys=False),
@@ -77,6 +77,25 @@ def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_p
         assert f"-DPB_MAX_KEYS={want[p.name]['PB_MAX_KEYS']}" in p.cflags
     text = doctor.dump_text(programs)
     assert "cflags: -DPB_FLUSH=32 -DPB_MAX_KEYS=128" in text and bpf.template("runqlat") in text
+
+
+def test_dump_bpf_renders_runqlat_with_the_offsets_this_kernels_btf_gives(tmp_path) -> None:
+    from collectors import doctor
+    from collectors.config import CollectorsConfig, PerfConfig, RunqlatConfig
+    from perfbalance.host import HostPaths
+    from tests.collectors.btf_builder import kernel_like
+
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0\n")
+    (tmp_path / "sys/kernel/btf").mkdir(parents=True)
+    (tmp_path / "sys/kernel/btf/vmlinux").write_bytes(kernel_like())
+    host = HostPaths(procfs=str(tmp_path / "proc"), cgroup=str(tmp_path / "nocgroup"), sysfs=str(tmp_path / "sys"))
+    for method, sched_info in (("auto", True), ("wakeup_stamps", False)):  # control: asked for the stamps
+        config = CollectorsConfig(perf=PerfConfig(mode="off"), runqlat=RunqlatConfig(method=method))
+        rq = next(p for p in doctor.rendered_programs(config, host) if p.name == "runqlat")
+        assert ("-DPB_SCHEDINFO" in rq.cflags) is sched_info, (method, rq.cflags)
+        assert ("-DPB_OFF_RUN_DELAY=1016" in rq.cflags) is sched_info
+        assert ("-DPB_TASK_BITS=16" in rq.cflags) is not sched_info
 
 
 def test_dump_bpf_keys_by_process_where_no_v2_hierarchy_exists(tmp_path) -> None:
