@@ -44,10 +44,11 @@
 // from 1.024 us doubling; slot 0 also holds shorter waits, the last slot everything longer)
 // plus the sum in ns, all cumulative; the count is the sum of the slots.
 //
-// Delays are gathered in a per-CPU pending histogram of the key that is running there, and added
-// to the shared hash only when the key on that CPU changes or PB_FLUSH delays have gathered: the
-// hash lookup and its atomic adds, most of the cost, run once per flush instead of once per
-// delay. Userspace reads the pending histograms after the hash each cycle and counts their change
+// Delays are gathered in per-CPU pending histograms, one per key for the last PB_WAYS keys that
+// ran there, and added to the shared hash only when a key is evicted (the least recently used of
+// them, for a new key) or PB_FLUSH delays have gathered: the hash lookup and its atomic adds,
+// most of the cost, run once per flush instead of once per delay, and two or three containers
+// taking turns on a CPU (the noisy-neighbour case) flush nothing. Userspace reads the pending histograms after the hash each cycle and counts their change
 // (collectors/bpfenv/maps.py PendingSlots), so a delay is in the window it happened in even on a
 // CPU that has not flushed: never lost, never misattributed.
 //
@@ -61,7 +62,8 @@
 // Defines (see bpf/__init__.py): PB_MAX_KEYS (histogram map size), PB_TASK_BITS (log2 of the
 // runnable-since slots), PB_KEY_PID (key by process id instead of cgroup id, for hosts without
 // cgroup v2 or bpf_get_current_cgroup_id), PB_FLUSH (delays gathered per CPU before they are
-// added to the hash; 1 adds every delay at once), PB_SCHEDINFO and its offsets (above).
+// added to the hash; 1 adds every delay at once), PB_WAYS (keys each CPU gathers for at once),
+// PB_SCHEDINFO and its offsets (above).
 
 #ifndef PB_MAX_KEYS
 #define PB_MAX_KEYS 10240
@@ -71,6 +73,9 @@
 #endif
 #ifndef PB_TASK_BITS
 #define PB_TASK_BITS 16
+#endif
+#ifndef PB_WAYS
+#define PB_WAYS 4
 #endif
 #define PB_TASK_SLOTS (1 << PB_TASK_BITS)
 #define PB_PID_BITS 22
@@ -84,28 +89,39 @@ struct rq_hist {
     u64 sum_ns;
 };
 
+// This CPU's switch state.
 struct rq_cpu {
 #ifdef PB_SCHEDINFO
     u64 task;       // task_struct switched in on this CPU at its last sched_switch
     u64 pcount;     // its sched_info.pcount and run_delay then
     u64 run_delay;
-    u64 cset;       // the css_set whose key is `key` (most switches stay in one cgroup)
+    u64 cset;       // the css_set whose v2 cgroup id is cset_key (most switches stay in one)
+    u64 cset_key;
 #else
     u32 pid;    // thread switched in on this CPU at its last sched_switch
     u32 valid;
     u64 delay_ns;
 #endif
-    u64 key;    // whose delays `pend` gathers
+    u64 tick;   // delays accounted on this CPU (the ways' recency)
+    u32 mru;    // the way accounted into last
+    u32 pad;
+};
+
+// One key's delays gathered on this CPU, not yet in the hash.
+struct rq_pend {
+    u64 key;    // 0: free (cgroup ids and process ids are never 0)
     u64 n;      // delays in `pend`
+    u64 used;   // rq_cpu.tick at its last delay
     struct rq_hist pend;
 };
 
 BPF_PERCPU_ARRAY(rq_park, struct rq_cpu, 1);
+BPF_PERCPU_ARRAY(rq_pend, struct rq_pend, PB_WAYS);
 BPF_HASH(rq_hist, u64, struct rq_hist, PB_MAX_KEYS);
 BPF_ARRAY(rq_dropped, u64, 1);  // delays lost because the histogram map was full
 
-// This CPU's pending delays into the shared histogram of their key.
-static __always_inline void rq_flush(struct rq_cpu *p) {
+// One way's pending delays into the shared histogram of its key.
+static __always_inline void rq_flush(struct rq_pend *p) {
     if (p->n == 0)
         return;
     u64 key = p->key;
@@ -133,12 +149,59 @@ static __always_inline void rq_flush(struct rq_cpu *p) {
     p->n = 0;
 }
 
-// One delay of `key` into this CPU's pending histogram.
-static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) {
-    if (p->key != key) {
-        rq_flush(p);
-        p->key = key;
+// The way gathering for `key` on this CPU: the last used one, else the one that has it, else the
+// least recently used one, flushed and given to `key`.
+static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
+    u32 idx = p->mru;
+    struct rq_pend *w = rq_pend.lookup(&idx);
+    if (__builtin_expect(w && w->key == key, 1))  // laid out straight on: the common case
+        return w;
+    struct rq_pend *victim = 0;
+    u32 victim_idx = 0;
+    u64 oldest = ~0ULL;
+#pragma unroll
+    for (u32 i = 0; i < PB_WAYS; i++) {
+        u32 j = i;
+        struct rq_pend *c = rq_pend.lookup(&j);
+        if (!c)
+            return 0;
+        if (c->key == key) {
+            p->mru = i;
+            return c;
+        }
+        if (c->used < oldest) {
+            oldest = c->used;
+            victim = c;
+            victim_idx = i;
+        }
     }
+    if (!victim)
+        return 0;
+    rq_flush(victim);
+    victim->key = key;
+    p->mru = victim_idx;
+    return victim;
+}
+
+// The pending delays of `key` on this CPU, if a way holds them, into the hash (at an exit).
+static __always_inline void rq_flush_key(u64 key) {
+    struct rq_pend *hit = 0;
+#pragma unroll
+    for (u32 i = 0; i < PB_WAYS; i++) {
+        u32 j = i;
+        struct rq_pend *c = rq_pend.lookup(&j);
+        if (c && c->key == key)
+            hit = c;
+    }
+    if (hit)  // one flush in the code, not one per way: the program stays small
+        rq_flush(hit);
+}
+
+// One delay of `key` into this CPU's pending histograms.
+static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) {
+    struct rq_pend *w = rq_way(p, key);
+    if (!w)
+        return;
     u64 units = delay_ns >> 10;
     // A 64-bit index, clamped in the register that indexes: with a u32, clang zero-extends one
     // copy for the comparison and another for the index, and the 6.1 verifier, not linking the
@@ -148,10 +211,11 @@ static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) 
     if (s >= PB_SLOTS)
         s = PB_SLOTS - 1;
     asm volatile("" : "+r"(s));
-    p->pend.slot[s]++;
-    p->pend.sum_ns += delay_ns;
-    if (++p->n >= PB_FLUSH)
-        rq_flush(p);
+    w->pend.slot[s]++;
+    w->pend.sum_ns += delay_ns;
+    w->used = ++p->tick;
+    if (++w->n >= PB_FLUSH)
+        rq_flush(w);
 }
 
 #ifdef PB_SCHEDINFO
@@ -180,22 +244,24 @@ int pb_runqlat_switch(unsigned long long *ctx) {
         rq_account(p, delay, PB_LOAD(u32, prev, PB_OFF_TGID));
 #else
         void *cset = PB_LOAD(void *, prev, PB_OFF_CGROUPS);
-        u64 key = p->key;
+        u64 key = p->cset_key;
         if ((u64)cset != p->cset) {  // a css_set names one v2 cgroup: its id only on a change
             void *kn = PB_LOAD(void *, PB_LOAD(void *, cset, PB_OFF_DFL_CGRP), PB_OFF_KN);
             key = PB_LOAD(u64, kn, PB_OFF_KN_ID);
-            asm volatile("" : "+r"(key));  // keeps clang from merging this load with p->key's
+            asm volatile("" : "+r"(key));  // keeps clang from merging this load with cset_key's
+            p->cset = (u64)cset;
+            p->cset_key = key;
         }
         rq_account(p, delay, key);
-        p->cset = (u64)cset;
 #endif
     }
     if ((u32)ctx[3] & PB_TASK_DEAD) {
 #ifdef PB_KEY_PID
-        rq_flush(p);
+        rq_flush_key(PB_LOAD(u32, prev, PB_OFF_TGID));
 #else
-        if (PB_LOAD(int, rq_dfl_cgroup(prev), PB_OFF_POPULATED) == 0)
-            rq_flush(p);
+        void *cgrp = rq_dfl_cgroup(prev);
+        if (PB_LOAD(int, cgrp, PB_OFF_POPULATED) == 0)
+            rq_flush_key(PB_LOAD(u64, PB_LOAD(void *, cgrp, PB_OFF_KN), PB_OFF_KN_ID));
 #endif
     }
     p->task = (u64)next;
@@ -266,7 +332,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     // An exiting task's delays go to the hash now: once its cgroup's last task is gone the
     // cgroup can be removed, and its entry pruned, before another key would flush them.
     if (args->prev_state & PB_TASK_REPORT_EXIT)
-        rq_flush(p);
+        rq_flush_key(rq_current_key());
     u64 now = rq_switched_in(p, args->next_pid);  // before prev's record can take next's slot
     if (prev && (args->prev_state & PB_TASK_REPORT_BITS) == 0)  // preempted: waiting again
         rq_runnable(prev, now ? now : bpf_ktime_get_ns());

@@ -229,7 +229,7 @@ class RunqlatCollector(CountingProgram):
     def _load(self, layout: SchedInfoLayout | None, **detail: Any) -> CollectorStatus:
         raw = None if layout is None else (bpf.SCHEDINFO_FUNCTION, layout.btf_id, "sched_switch")
         return self.load("runqlat", lambda pid_keys: bpf_defines(self.config, pid_keys=pid_keys, layout=layout),
-                         counts="rq_hist", pending="rq_park", counts_field="pend", fields=FIELDS,
+                         counts="rq_hist", pending="rq_pend", counts_field="pend", fields=FIELDS,
                          max_keys=self.config.max_keys, raw_tp=raw,
                          method="wakeup_stamps" if layout is None else "sched_info", **detail)
 

@@ -142,18 +142,19 @@ def _lookup_batch() -> Any:
 class PendingSlots:
     """The per-CPU pending slots of a program that flushes into its hash by batches.
 
-    `table` is a BPF_PERCPU_ARRAY of one entry whose value has the key being gathered in
-    `key_field` and the counts not yet added to the hash in `counts_field` (a struct with the
-    hash value's `fields`). read() gives key -> counts summed over the CPUs gathering for it."""
+    `table` is a BPF_PERCPU_ARRAY whose every entry (one per key a CPU gathers for at once) has
+    the key being gathered in `key_field` and the counts not yet added to the hash in
+    `counts_field` (a struct with the hash value's `fields`). read() gives key -> counts summed
+    over the CPUs and entries gathering for it."""
 
     def __init__(self, table: Any, *, key_field: str, counts_field: str, fields: Sequence[str]) -> None:
         self.table, self.key_field, self.counts_field = table, key_field, counts_field
         self.fields = tuple(fields)
-        self._index = table.Key(0)
+        self._indexes = [table.Key(i) for i in range(int(getattr(table, "max_entries", 1)))]
 
     def read(self) -> dict[int, tuple[int, ...]]:
         out: dict[int, tuple[int, ...]] = {}
-        for slot in self.table.getvalue(self._index):
+        for slot in (s for i in self._indexes for s in self.table.getvalue(i)):
             row = _flatten(getattr(slot, self.counts_field), self.fields)
             if not any(row):
                 continue

@@ -158,3 +158,26 @@ def test_pending_slots_sum_the_cpus_gathering_for_one_key_and_skip_empty_ones() 
     table = _PerCpu([_Slot(7, (1, 0, 3)), _Slot(7, (0, 1, 2)), _Slot(8, (0, 0, 0)), _Slot(9, (0, 0, 1))])
     slots = PendingSlots(table, key_field="key", counts_field="n", fields=("zmm", "evex256", "all"))
     assert slots.read() == {7: (1, 1, 5), 9: (0, 0, 1)}
+
+
+class _Ways:
+    """A BPF_PERCPU_ARRAY of several entries (the ways a CPU gathers in): entry -> per-CPU slots."""
+
+    def __init__(self, entries: list[list[_Slot]]) -> None:
+        self.entries = entries
+        self.max_entries = len(entries)
+
+    def Key(self, i: int) -> int:  # noqa: N802 (bcc's name)
+        return i
+
+    def getvalue(self, key: int) -> list[_Slot]:
+        return self.entries[key]
+
+
+def test_pending_slots_read_every_way_of_every_cpu() -> None:
+    # way 0: CPU 0 gathers for 7, CPU 1 for 8; way 1: CPU 0 for 8, CPU 1 for 7; way 2 unused
+    table = _Ways([[_Slot(7, (1, 0, 0)), _Slot(8, (0, 2, 0))],
+                   [_Slot(8, (0, 0, 3)), _Slot(7, (4, 0, 0))],
+                   [_Slot(0, (0, 0, 0)), _Slot(0, (0, 0, 0))]])
+    slots = PendingSlots(table, key_field="key", counts_field="n", fields=("zmm", "evex256", "all"))
+    assert slots.read() == {7: (5, 0, 0), 8: (0, 2, 3)}
