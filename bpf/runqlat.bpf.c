@@ -102,7 +102,7 @@ struct rq_cpu {
     u32 valid;
     u64 delay_ns;
 #endif
-    u64 tick;   // delays accounted on this CPU (the ways' recency)
+    u64 tick;   // changes of the most recent way on this CPU (the ways' recency)
     u32 mru;    // the way accounted into last
     u32 pad;
 };
@@ -111,7 +111,7 @@ struct rq_cpu {
 struct rq_pend {
     u64 key;    // 0: free (cgroup ids and process ids are never 0)
     u64 n;      // delays in `pend`
-    u64 used;   // rq_cpu.tick at its last delay
+    u64 used;   // rq_cpu.tick when it last became the CPU's most recent way
     struct rq_hist pend;
 };
 
@@ -150,7 +150,8 @@ static __always_inline void rq_flush(struct rq_pend *p) {
 }
 
 // The way gathering for `key` on this CPU: the last used one, else the one that has it, else the
-// least recently used one, flushed and given to `key`.
+// least recently used one, flushed and given to `key`. Recency is stamped when a way becomes the
+// most recent, not at every delay (no store on the common path); the most recent is never evicted.
 static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
     u32 idx = p->mru;
     struct rq_pend *w = rq_pend.lookup(&idx);
@@ -167,6 +168,7 @@ static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
             return 0;
         if (c->key == key) {
             p->mru = i;
+            c->used = ++p->tick;
             return c;
         }
         if (c->used < oldest) {
@@ -179,6 +181,7 @@ static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
         return 0;
     rq_flush(victim);
     victim->key = key;
+    victim->used = ++p->tick;
     p->mru = victim_idx;
     return victim;
 }
@@ -213,7 +216,6 @@ static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) 
     asm volatile("" : "+r"(s));
     w->pend.slot[s]++;
     w->pend.sum_ns += delay_ns;
-    w->used = ++p->tick;
     if (++w->n >= PB_FLUSH)
         rq_flush(w);
 }

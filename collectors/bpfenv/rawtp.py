@@ -55,6 +55,19 @@ def _syscall(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> tuple[int, int]:
     return ret, ctypes.get_errno()
 
 
+def _prog_load(name: bytes, insns: int | None, count: int, license: ctypes.Array[ctypes.c_char], btf_id: int,
+               log: ctypes.Array[ctypes.c_char] | None) -> tuple[int, int]:
+    attr = ctypes.create_string_buffer(ATTR_BYTES)
+    # prog_type, insn_cnt, insns, license, log_level, log_size, log_buf (include/uapi/linux/bpf.h)
+    struct.pack_into("<IIQQIIQ", attr, 0, BPF_PROG_TYPE_TRACING, count, insns or 0, ctypes.addressof(license),
+                     1 if log is not None else 0, len(log) if log is not None else 0,
+                     ctypes.addressof(log) if log is not None else 0)
+    attr[48:48 + min(15, len(name))] = name[:15]  # prog_name
+    struct.pack_into("<I", attr, 68, BPF_TRACE_RAW_TP)  # expected_attach_type
+    struct.pack_into("<I", attr, 108, btf_id)  # attach_btf_id
+    return _syscall(BPF_PROG_LOAD, attr)
+
+
 def attach(module: Any, function: str, *, btf_id: int, event: str) -> RawTracepoint:
     """Load `function` of the bcc object `module` (a bcc.BPF) as a tp_btf program for the
     tracepoint typedef `btf_id` (btf_trace_<event>) and attach it."""
@@ -66,15 +79,11 @@ def attach(module: Any, function: str, *, btf_id: int, event: str) -> RawTracepo
     if not start or size <= 0:
         raise FeatureUnavailable("bpf", f"tp_btf program {function}: not in the compiled object")
     license = ctypes.create_string_buffer(lib.bpf_module_license(module.module) or b"GPL")
-    log = ctypes.create_string_buffer(LOG_BYTES)
-    attr = ctypes.create_string_buffer(ATTR_BYTES)
-    # prog_type, insn_cnt, insns, license, log_level, log_size, log_buf (include/uapi/linux/bpf.h)
-    struct.pack_into("<IIQQIIQ", attr, 0, BPF_PROG_TYPE_TRACING, size // 8, ctypes.cast(start, ctypes.c_void_p).value,
-                     ctypes.addressof(license), 1, LOG_BYTES, ctypes.addressof(log))
-    attr[48:48 + min(15, len(name))] = name[:15]  # prog_name
-    struct.pack_into("<I", attr, 68, BPF_TRACE_RAW_TP)  # expected_attach_type
-    struct.pack_into("<I", attr, 108, btf_id)  # attach_btf_id
-    fd, err = _syscall(BPF_PROG_LOAD, attr)
+    insns = ctypes.cast(start, ctypes.c_void_p).value
+    fd, err = _prog_load(name, insns, size // 8, license, btf_id, None)
+    if fd < 0:  # again with the verifier's log, for the reason (a log costs time on success)
+        log = ctypes.create_string_buffer(LOG_BYTES)
+        fd, err = _prog_load(name, insns, size // 8, license, btf_id, log)
     if fd < 0:
         why = load_error_line(log.value.decode(errors="replace"))
         raise FeatureUnavailable("bpf", f"tp_btf program {function} for {event} not loaded: {os.strerror(err)}"
