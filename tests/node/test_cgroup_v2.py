@@ -177,3 +177,6 @@ def test_runqlat_collector_measures_the_forking_container(guest: dict[str, Any])
     rq = guest["collectors"]["runqlat"]
     assert rq["up"], rq["reason"]
     assert rq["metrics"]["burstable"], rq
+    # Debian's 6.1 kernel has BTF and CONFIG_SCHED_INFO: the sched_info method loads there too
+    # (its offsets from that kernel's BTF, its loads checked by that kernel's verifier)
+    assert rq["detail"]["method"] == "sched_info", rq["detail"]
