@@ -321,11 +321,17 @@ class ConfigWatcher:
 
     `poll()` returns a new Config when the file changed and is valid, raises ConfigError when it
     changed and is invalid (the caller keeps the last good one), and returns None otherwise.
+
+    A file replaced whole (a ConfigMap's symlink swap, a rename over it: a new inode) is read at
+    the first poll that sees it. A file written in place (same inode, new size or mtime) is read
+    only once a poll finds it as the previous one did, so that a write still under way is never
+    read half-written (a shorter valid YAML would otherwise be taken for the new config).
     """
 
     def __init__(self, path: str, *, node: str | None = None) -> None:
         self.path, self.node = path, node
         self._seen = self._stamp()
+        self._settling: tuple[Any, ...] | None = None  # an in-place change seen once
 
     def _stamp(self) -> tuple[Any, ...]:
         try:
@@ -337,6 +343,11 @@ class ConfigWatcher:
     def poll(self) -> Config | None:
         stamp = self._stamp()
         if stamp == self._seen:
+            self._settling = None
             return None
-        self._seen = stamp
+        in_place = len(stamp) == len(self._seen) == 4 and stamp[:2] == self._seen[:2]
+        if in_place and stamp != self._settling:
+            self._settling = stamp  # written in place: read when the next poll finds it unchanged
+            return None
+        self._seen, self._settling = stamp, None
         return load_config(self.path, node=self.node)

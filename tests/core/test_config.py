@@ -62,6 +62,26 @@ def test_watcher_reloads_on_symlink_swap_and_rejects_invalid(tmp_path):
     assert w.poll() is None  # reported once, not on every poll
 
 
+def test_watcher_reads_a_file_written_in_place_only_once_it_stopped_changing(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rebalancer: {margin: 0.1}\n")
+    w = ConfigWatcher(str(path), node="n")
+    with open(path, "w") as f:  # in place, same inode: a write caught half done is a valid YAML
+        f.write("rebalancer: {}\n")
+        f.flush()
+        assert w.poll() is None  # changed, not read yet
+        f.seek(0)
+        f.truncate()
+        f.write("rebalancer: {margin: 0.3}\n")
+    assert w.poll() is None  # changed again since the last poll: still settling
+    assert w.poll().rebalancer.margin == 0.3  # unchanged across two polls: read, and whole
+    assert w.poll() is None
+    other = tmp_path / "new.yaml"  # control: replaced whole (a new inode) is read at once
+    other.write_text("rebalancer: {margin: 0.4}\n")
+    other.rename(path)
+    assert w.poll().rebalancer.margin == 0.4
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(tmp_path / "nope.yaml"))
