@@ -29,6 +29,7 @@ from collectors.base import IdleMetrics, LogOnce, Metrics
 from collectors.bpfenv.btf import INT, PTR, VMLINUX, Btf, require
 from collectors.bpfenv.counting import CountingProgram
 from collectors.bpfenv.keys import KeyMaps
+from collectors.bpfenv.rawtp import TP_BTF
 from collectors.config import RunqlatConfig
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
@@ -240,11 +241,11 @@ class RunqlatCollector(CountingProgram):
 
     def program_fds(self) -> dict[str, tuple[int, tuple[str, str]]]:
         """Loaded programs for `bench collect` (ns per event): event -> (fd, tracepoint), the
-        tracepoint ("tp_btf", event) for the sched_info method's BTF raw tracepoint."""
+        tracepoint (TP_BTF, event) for the sched_info method's BTF raw tracepoint."""
         if self._bpf is None:
             return {}
         if self._raw is not None:
-            return {self._raw.event: (self._raw.fd, ("tp_btf", self._raw.event))}
+            return {self._raw.event: (self._raw.fd, (TP_BTF, self._raw.event))}
         return {tp[1]: (self._bpf.funcs[f].fd, tp) for tp in bpf.PROGRAMS["runqlat"].tracepoints
                 if (f := bpf.probe_function(tp)) in self._bpf.funcs}
 

@@ -44,6 +44,7 @@ from agent.bench.scrape import measure_scrape, memory
 from agent.bench.start import measure_start
 from collectors import perf
 from collectors.bpfenv import rawtp
+from collectors.bpfenv.rawtp import TP_BTF
 from collectors.bpfenv.btf import VMLINUX, Btf
 from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.loader import prepare
@@ -76,7 +77,6 @@ COLLECTOR_PROGRAMS: dict[str, dict[str, tuple[str, str]]] = {
     "avx512": _programs("avx512"),
     "perf": _programs("pmu"),
 }
-TP_BTF = "tp_btf"  # the "category" of a BTF raw tracepoint in the (category, event) pairs here
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,13 +177,13 @@ def key_floor_program(tracepoint: tuple[str, str], *, clock: bool = False) -> st
 
 
 @contextmanager
-def floor_fd(host: HostPaths, env: Any, text: str, tracepoint: tuple[str, str]) -> Iterator[int]:
-    """`text` (a floor program) loaded and attached on `tracepoint`: its program fd."""
+def floor_fd(env: Any, text: str, tracepoint: tuple[str, str], btf_id: int | None) -> Iterator[int]:
+    """`text` (a floor program) loaded and attached on `tracepoint`: its program fd. `btf_id`:
+    the typedef btf_trace_<event> a TP_BTF tracepoint's floor attaches to."""
     b = env.load(text)
     raw = None
     try:
-        if tracepoint[0] == TP_BTF:
-            btf_id = Btf.read(os.path.join(host.sysfs, VMLINUX)).raw_tracepoint(tracepoint[1])[0]
+        if btf_id is not None:
             raw = rawtp.attach(b, FLOOR_FUNCTION, btf_id=btf_id, event=tracepoint[1])
             yield raw.fd
         else:
@@ -211,9 +211,11 @@ def _costs(host: HostPaths, collectors: Sequence[Any], *, rounds: int = 5, secon
         try:
             env = prepare(host)
             for tp in dict.fromkeys(tp for _, tp in progs.values()):
+                btf_id = (Btf.read(os.path.join(host.sysfs, VMLINUX)).raw_tracepoint(tp[1])[0]
+                          if tp[0] == TP_BTF else None)  # read once for the tracepoint's three floors
                 for kind, text in (("floor", floor_program(tp)), ("key_floor", key_floor_program(tp)),
                                    ("clock_floor", key_floor_program(tp, clock=True))):
-                    with floor_fd(host, env, text, tp) as fd:
+                    with floor_fd(env, text, tp, btf_id) as fd:
                         cost = _measure(host, {kind: fd}, rounds, seconds)[0]
                     floors[kind].update({n: cost[kind] for n, (_, t) in progs.items() if t == tp and kind in cost})
         except FeatureUnavailable:

@@ -1,7 +1,8 @@
 """The running kernel: its release and whether it is at least each version our programs need.
 
-Our BPF programs use tracepoint fields and helpers only (never kernel struct layouts), so what
-matters is the *running* kernel's features, checked here as minimum versions ("at least X", not
+Our BPF programs use tracepoint fields and helpers (and, for runqlat's sched_info method, struct
+offsets taken from the running kernel's BTF, never from headers), so what matters is the
+*running* kernel's features, checked here as minimum versions ("at least X", not
 "exactly X"). The release is read from procfs, so a container sees the host's.
 """
 

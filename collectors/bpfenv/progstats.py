@@ -10,19 +10,24 @@ from perfbalance.safefs import read_text
 FDINFO_MAX_BYTES = 64 << 10  # /proc/self/fdinfo/<fd> of a BPF program: a dozen lines
 
 
+def bpf_syscall(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> tuple[int, int]:
+    """bpf(2) with `attr` (a union bpf_attr buffer): (return value, errno). The syscall is 321 on
+    x86_64 and 280 in the generic table (arm64, riscv64)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ret = int(libc.syscall(321 if os.uname().machine == "x86_64" else 280, cmd, attr, ctypes.c_uint(len(attr))))
+    return ret, ctypes.get_errno()
+
+
 def bpf_stats_enable() -> int:
     """BPF_ENABLE_STATS (5.8+): run_time_ns/run_cnt counted while the returned fd is open.
 
     Returns -1 when the kernel refuses; callers may then fall back to kernel.bpf_stats_enabled.
     """
     BPF_ENABLE_STATS, BPF_STATS_RUN_TIME = 32, 0
-    attr = (ctypes.c_uint8 * 128)()
+    attr = ctypes.create_string_buffer(128)
     ctypes.c_uint32.from_buffer(attr, 0).value = BPF_STATS_RUN_TIME
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(321 if os.uname().machine == "x86_64" else 280, BPF_ENABLE_STATS,
-                      ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
-    return int(fd)
+    return bpf_syscall(BPF_ENABLE_STATS, attr)[0]
 
 
 def parse_fdinfo(text: str) -> dict[str, str]:

@@ -20,13 +20,14 @@ import struct
 from typing import Any
 
 from collectors.bpfenv.loader import load_error_line
+from collectors.bpfenv.progstats import bpf_syscall
 from perfbalance.errors import FeatureUnavailable
 
 BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN = 5, 17
 BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP = 26, 23
 ATTR_BYTES = 160  # union bpf_attr as far as PROG_LOAD reaches, zero beyond (the kernel checks)
 LOG_BYTES = 1 << 20
-_NR_BPF = {"x86_64": 321, "aarch64": 280}
+TP_BTF = "tp_btf"  # the "category" of a BTF raw tracepoint where programs are named (category, event)
 
 
 class RawTracepoint:
@@ -45,16 +46,6 @@ class RawTracepoint:
         self.fd = self.link = -1
 
 
-def _syscall(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> tuple[int, int]:
-    nr = _NR_BPF.get(os.uname().machine)
-    if nr is None:
-        raise FeatureUnavailable("bpf", f"tp_btf programs: no bpf syscall number for {os.uname().machine}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    ret = int(libc.syscall(nr, cmd, attr, ctypes.c_uint(len(attr))))
-    return ret, ctypes.get_errno()
-
-
 def _prog_load(name: bytes, insns: int | None, count: int, license: ctypes.Array[ctypes.c_char], btf_id: int,
                log: ctypes.Array[ctypes.c_char] | None) -> tuple[int, int]:
     attr = ctypes.create_string_buffer(ATTR_BYTES)
@@ -65,7 +56,7 @@ def _prog_load(name: bytes, insns: int | None, count: int, license: ctypes.Array
     attr[48:48 + min(15, len(name))] = name[:15]  # prog_name
     struct.pack_into("<I", attr, 68, BPF_TRACE_RAW_TP)  # expected_attach_type
     struct.pack_into("<I", attr, 108, btf_id)  # attach_btf_id
-    return _syscall(BPF_PROG_LOAD, attr)
+    return bpf_syscall(BPF_PROG_LOAD, attr)
 
 
 def attach(module: Any, function: str, *, btf_id: int, event: str) -> RawTracepoint:
@@ -90,7 +81,7 @@ def attach(module: Any, function: str, *, btf_id: int, event: str) -> RawTracepo
                                         + (f": {why}" if why else ""))
     open_attr = ctypes.create_string_buffer(16)
     struct.pack_into("<QI", open_attr, 0, 0, fd)  # raw_tracepoint.name = NULL: the BTF id names it
-    link, err = _syscall(BPF_RAW_TRACEPOINT_OPEN, open_attr)
+    link, err = bpf_syscall(BPF_RAW_TRACEPOINT_OPEN, open_attr)
     if link < 0:
         os.close(fd)
         raise FeatureUnavailable("bpf", f"tp_btf program {function} not attached to {event}: {os.strerror(err)}")
