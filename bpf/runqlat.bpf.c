@@ -155,7 +155,7 @@ static __always_inline void rq_flush(struct rq_pend *p) {
 static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
     u32 idx = p->mru;
     struct rq_pend *w = rq_pend.lookup(&idx);
-    if (__builtin_expect(w && w->key == key, 1))  // laid out straight on: the common case
+    if (w && w->key == key)
         return w;
     struct rq_pend *victim = 0;
     u32 victim_idx = 0;
@@ -229,6 +229,11 @@ static __always_inline void *rq_dfl_cgroup(void *task) {
     return PB_LOAD(void *, cset, PB_OFF_DFL_CGRP);
 }
 
+// A v2 cgroup's id, as bpf_get_current_cgroup_id() gives it (cgroup->kn->id).
+static __always_inline u64 rq_cgroup_id(void *cgrp) {
+    return PB_LOAD(u64, PB_LOAD(void *, cgrp, PB_OFF_KN), PB_OFF_KN_ID);
+}
+
 // tp_btf sched_switch (collectors/bpfenv/rawtp.py attaches it): ctx[0] preempt, ctx[1] prev
 // (current), ctx[2] next, ctx[3] prev_state (raw task state, not the tracepoint's TASK_REPORT).
 int pb_runqlat_switch(unsigned long long *ctx) {
@@ -248,8 +253,7 @@ int pb_runqlat_switch(unsigned long long *ctx) {
         void *cset = PB_LOAD(void *, prev, PB_OFF_CGROUPS);
         u64 key = p->cset_key;
         if ((u64)cset != p->cset) {  // a css_set names one v2 cgroup: its id only on a change
-            void *kn = PB_LOAD(void *, PB_LOAD(void *, cset, PB_OFF_DFL_CGRP), PB_OFF_KN);
-            key = PB_LOAD(u64, kn, PB_OFF_KN_ID);
+            key = rq_cgroup_id(PB_LOAD(void *, cset, PB_OFF_DFL_CGRP));
             asm volatile("" : "+r"(key));  // keeps clang from merging this load with cset_key's
             p->cset = (u64)cset;
             p->cset_key = key;
@@ -263,7 +267,7 @@ int pb_runqlat_switch(unsigned long long *ctx) {
 #else
         void *cgrp = rq_dfl_cgroup(prev);
         if (PB_LOAD(int, cgrp, PB_OFF_POPULATED) == 0)
-            rq_flush_key(PB_LOAD(u64, PB_LOAD(void *, cgrp, PB_OFF_KN), PB_OFF_KN_ID));
+            rq_flush_key(rq_cgroup_id(cgrp));
 #endif
     }
     p->task = (u64)next;
