@@ -35,8 +35,9 @@ class Program:
 
 
 # runqlat's sched_info method: the struct offsets it reads, from the running kernel's BTF.
-SCHEDINFO_OFFSETS = ("PB_OFF_PCOUNT", "PB_OFF_RUN_DELAY", "PB_OFF_CGROUPS", "PB_OFF_DFL_CGRP", "PB_OFF_KN",
-                     "PB_OFF_KN_ID", "PB_OFF_POPULATED", "PB_OFF_TGID")
+SCHEDINFO_OFFSETS = ("PB_OFF_LAST_QUEUED", "PB_OFF_SE_CFS_RQ", "PB_OFF_CFS_RQ_RQ", "PB_OFF_RQ_CLOCK",
+                     "PB_OFF_CGROUPS", "PB_OFF_DFL_CGRP", "PB_OFF_KN", "PB_OFF_KN_ID", "PB_OFF_POPULATED",
+                     "PB_OFF_TGID")
 SCHEDINFO_FUNCTION = "pb_runqlat_switch"  # its tp_btf program on sched_switch (not a bcc auto-attach name)
 
 PROGRAMS: dict[str, Program] = {
@@ -52,7 +53,8 @@ PROGRAMS: dict[str, Program] = {
     "runqlat": Program(
         name="runqlat", file="runqlat.bpf.c", tracepoint=("sched", "sched_switch"),
         also=(("sched", "sched_wakeup"), ("sched", "sched_wakeup_new")),
-        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID", "PB_FLUSH", "PB_SCHEDINFO", *SCHEDINFO_OFFSETS),
+        defines=("PB_MAX_KEYS", "PB_TASK_BITS", "PB_KEY_PID", "PB_FLUSH", "PB_NCPU", "PB_SCHEDINFO",
+                 *SCHEDINFO_OFFSETS),
         doc="run-queue latency (wakeup or preemption -> switch-in) per cgroup, log2 histogram"),
 }
 

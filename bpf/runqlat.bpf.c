@@ -3,20 +3,23 @@
 // Two methods fill the same histograms (PB_SCHEDINFO selects):
 //
 // sched_info (PB_SCHEDINFO, a BTF raw tracepoint on sched_switch, the default where the kernel
-// has BTF and CONFIG_SCHED_INFO): the kernel already measures every wait. It stamps a task when
-// it is queued (woken, new, or preempted while runnable: sched_info.last_queued) and, when the
-// task is switched in, adds the wait to task->sched_info.run_delay and counts the arrival in
-// sched_info.pcount (kernel/sched/stats.h). Both happen after the sched_switch tracepoint, in
-// context_switch(). So at the switch-in of `next` this CPU parks next's pcount and run_delay, and
-// at its switch-out (the next sched_switch on this CPU, where prev is that task: a task switched
-// in on a CPU runs there until it is switched out there) the run_delay grown by exactly one
-// arrival is the wait before that run. No clock is read, no wakeup is traced, no slot is shared
-// between CPUs, and no helper is called on the way: loads through the BTF-typed task pointers
-// are plain instructions (on a CPU with retpolines and return thunks, each helper call here
-// costs 40-80 ns). The key is prev's v2 cgroup id, read as bpf_get_current_cgroup_id() does
-// (task->cgroups->dfl_cgrp->kn->id). Offsets come from the running kernel's BTF as defines
-// (collectors/bpfenv/btf.py; the verifier checks each load against the same BTF): PB_OFF_PCOUNT,
-// PB_OFF_RUN_DELAY, PB_OFF_CGROUPS, PB_OFF_DFL_CGRP, PB_OFF_KN, PB_OFF_KN_ID, PB_OFF_POPULATED
+// has BTF, CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED): the kernel already times every wait.
+// It stamps a task with its run queue's clock when the task is queued (woken, new, or preempted
+// while runnable: task->sched_info.last_queued) and, when the task is switched in, adds
+// rq->clock - last_queued to sched_info.run_delay and counts the arrival in sched_info.pcount
+// (sched_info_arrive(), kernel/sched/stats.h). That happens in context_switch(), just after the
+// sched_switch tracepoint, with no clock update between the two. So at the tracepoint this
+// program computes the very same difference for `next` (rq->clock read through prev's
+// se.cfs_rq->rq: prev runs on this CPU) and accounts it to next's cgroup: no clock is read, no
+// wakeup is traced, nothing is parked, and no helper is called on the way (loads through the
+// BTF-typed task pointers are plain instructions; on a CPU with retpolines and return thunks each
+// helper call here costs 40-80 ns). A task switched in without having been queued
+// (last_queued 0, as the idle task always is) has no wait, and the kernel counts no arrival. The
+// key is next's v2 cgroup id, read as bpf_get_current_cgroup_id() does
+// (task->cgroups->dfl_cgrp->kn->id), only when next's css_set differs from the last one here.
+// Offsets come from the running kernel's BTF as defines (collectors/bpfenv/btf.py; the verifier
+// checks each load against the same BTF): PB_OFF_LAST_QUEUED, PB_OFF_SE_CFS_RQ, PB_OFF_CFS_RQ_RQ,
+// PB_OFF_RQ_CLOCK, PB_OFF_CGROUPS, PB_OFF_DFL_CGRP, PB_OFF_KN, PB_OFF_KN_ID, PB_OFF_POPULATED
 // (cgroup.nr_populated_csets), PB_OFF_TGID.
 //
 // wakeup stamps (the fallback, tracepoint fields and helpers only, no struct layout read):
@@ -44,13 +47,14 @@
 // from 1.024 us doubling; slot 0 also holds shorter waits, the last slot everything longer)
 // plus the sum in ns, all cumulative; the count is the sum of the slots.
 //
-// Delays are gathered in per-CPU pending histograms, one per key for the last PB_WAYS keys that
-// ran there, and added to the shared hash only when a key is evicted (the least recently used of
-// them, for a new key) or PB_FLUSH delays have gathered: the hash lookup and its atomic adds,
-// most of the cost, run once per flush instead of once per delay, and two or three containers
-// taking turns on a CPU (the noisy-neighbour case) flush nothing. Userspace reads the pending histograms after the hash each cycle and counts their change
-// (collectors/bpfenv/maps.py PendingSlots), so a delay is in the window it happened in even on a
-// CPU that has not flushed: never lost, never misattributed.
+// Delays are gathered in per-CPU pending histograms (ways), one per key for the last PB_WAYS keys
+// that ran there, in that CPU's element of rq_cpus, and added to the shared hash only when a key
+// is evicted (the least recently used of them, for a new key) or PB_FLUSH delays have gathered:
+// the hash lookup and its atomic adds, most of the cost, run once per flush instead of once per
+// delay, and two or three containers taking turns on a CPU (the noisy-neighbour case) flush
+// nothing. Userspace reads the pending histograms after the hash each cycle and counts their
+// change (collectors/bpfenv/maps.py PendingSlots), so a delay is in the window it happened in even
+// on a CPU that has not flushed: never lost, never misattributed.
 //
 // An exiting task's delays go to the hash at its last switch when its cgroup has no other task
 // left (cgroup.nr_populated_csets is 0 by then: cgroup_exit() ran before the final schedule), so
@@ -63,7 +67,7 @@
 // runnable-since slots), PB_KEY_PID (key by process id instead of cgroup id, for hosts without
 // cgroup v2 or bpf_get_current_cgroup_id), PB_FLUSH (delays gathered per CPU before they are
 // added to the hash; 1 adds every delay at once), PB_WAYS (keys each CPU gathers for at once),
-// PB_SCHEDINFO and its offsets (above).
+// PB_NCPU (possible CPUs: rq_cpus' size), PB_SCHEDINFO and its offsets (above).
 
 #ifndef PB_MAX_KEYS
 #define PB_MAX_KEYS 10240
@@ -75,7 +79,10 @@
 #define PB_TASK_BITS 16
 #endif
 #ifndef PB_WAYS
-#define PB_WAYS 4
+#define PB_WAYS 4  // a power of two
+#endif
+#ifndef PB_NCPU
+#define PB_NCPU 1
 #endif
 #define PB_TASK_SLOTS (1 << PB_TASK_BITS)
 #define PB_PID_BITS 22
@@ -89,25 +96,7 @@ struct rq_hist {
     u64 sum_ns;
 };
 
-// This CPU's switch state.
-struct rq_cpu {
-#ifdef PB_SCHEDINFO
-    u64 task;       // task_struct switched in on this CPU at its last sched_switch
-    u64 pcount;     // its sched_info.pcount and run_delay then
-    u64 run_delay;
-    u64 cset;       // the css_set whose v2 cgroup id is cset_key (most switches stay in one)
-    u64 cset_key;
-#else
-    u32 pid;    // thread switched in on this CPU at its last sched_switch
-    u32 valid;
-    u64 delay_ns;
-#endif
-    u64 tick;   // changes of the most recent way on this CPU (the ways' recency)
-    u32 mru;    // the way accounted into last
-    u32 pad;
-};
-
-// One key's delays gathered on this CPU, not yet in the hash.
+// One key's delays gathered on a CPU, not yet in the hash.
 struct rq_pend {
     u64 key;    // 0: free (cgroup ids and process ids are never 0)
     u64 n;      // delays in `pend`
@@ -115,10 +104,35 @@ struct rq_pend {
     struct rq_hist pend;
 };
 
-BPF_PERCPU_ARRAY(rq_park, struct rq_cpu, 1);
-BPF_PERCPU_ARRAY(rq_pend, struct rq_pend, PB_WAYS);
+// One CPU's switch state (a 64-byte header) and its pending ways: element `cpu` of rq_cpus, found
+// by bpf_get_smp_processor_id(). An array element's address is computed from the map's own
+// address, where a per-CPU array's lookup first loads this CPU's pointer from the map: on a cold
+// cache that load is a miss in front of every other access (measured: docs/benchmarks.md).
+// The array is mmapable only for its page-aligned values, so each element starts a cache line.
+struct rq_cpu {
+#ifdef PB_SCHEDINFO
+    u64 cset;   // css_set of the last delay accounted here: way[mru] gathers for its cgroup
+    u64 hpad[5];
+#else
+    u32 pid;    // thread switched in on this CPU at its last sched_switch
+    u32 valid;
+    u64 delay_ns;
+    u64 hpad[4];
+#endif
+    u64 tick;   // changes of the most recent way on this CPU (the ways' recency)
+    u32 mru;    // the way accounted into last
+    u32 pad;
+    struct rq_pend way[PB_WAYS];
+};
+
+BPF_F_TABLE("array", u32, struct rq_cpu, rq_cpus, PB_NCPU, BPF_F_MMAPABLE);
 BPF_HASH(rq_hist, u64, struct rq_hist, PB_MAX_KEYS);
 BPF_ARRAY(rq_dropped, u64, 1);  // delays lost because the histogram map was full
+
+static __always_inline struct rq_cpu *rq_this_cpu(void) {
+    u32 cpu = bpf_get_smp_processor_id();
+    return rq_cpus.lookup(&cpu);
+}
 
 // One way's pending delays into the shared histogram of its key.
 static __always_inline void rq_flush(struct rq_pend *p) {
@@ -152,59 +166,48 @@ static __always_inline void rq_flush(struct rq_pend *p) {
 // The way gathering for `key` on this CPU: the last used one, else the one that has it, else the
 // least recently used one, flushed and given to `key`. Recency is stamped when a way becomes the
 // most recent, not at every delay (no store on the common path); the most recent is never evicted.
-static __always_inline struct rq_pend *rq_way(struct rq_cpu *p, u64 key) {
-    u32 idx = p->mru;
-    struct rq_pend *w = rq_pend.lookup(&idx);
-    if (w && w->key == key)
+static __always_inline struct rq_pend *rq_way(struct rq_cpu *c, u64 key) {
+    struct rq_pend *w = &c->way[c->mru & (PB_WAYS - 1)];
+    if (w->key == key)
         return w;
-    struct rq_pend *victim = 0;
+    struct rq_pend *victim = &c->way[0];
     u32 victim_idx = 0;
     u64 oldest = ~0ULL;
 #pragma unroll
     for (u32 i = 0; i < PB_WAYS; i++) {
-        u32 j = i;
-        struct rq_pend *c = rq_pend.lookup(&j);
-        if (!c)
-            return 0;
-        if (c->key == key) {
-            p->mru = i;
-            c->used = ++p->tick;
-            return c;
+        struct rq_pend *o = &c->way[i];
+        if (o->key == key) {
+            c->mru = i;
+            o->used = ++c->tick;
+            return o;
         }
-        if (c->used < oldest) {
-            oldest = c->used;
-            victim = c;
+        if (o->used < oldest) {
+            oldest = o->used;
+            victim = o;
             victim_idx = i;
         }
     }
-    if (!victim)
-        return 0;
     rq_flush(victim);
     victim->key = key;
-    victim->used = ++p->tick;
-    p->mru = victim_idx;
+    victim->used = ++c->tick;
+    c->mru = victim_idx;
     return victim;
 }
 
 // The pending delays of `key` on this CPU, if a way holds them, into the hash (at an exit).
-static __always_inline void rq_flush_key(u64 key) {
+static __always_inline void rq_flush_key(struct rq_cpu *c, u64 key) {
     struct rq_pend *hit = 0;
 #pragma unroll
     for (u32 i = 0; i < PB_WAYS; i++) {
-        u32 j = i;
-        struct rq_pend *c = rq_pend.lookup(&j);
-        if (c && c->key == key)
-            hit = c;
+        if (c->way[i].key == key)
+            hit = &c->way[i];
     }
     if (hit)  // one flush in the code, not one per way: the program stays small
         rq_flush(hit);
 }
 
-// One delay of `key` into this CPU's pending histograms.
-static __always_inline void rq_account(struct rq_cpu *p, u64 delay_ns, u64 key) {
-    struct rq_pend *w = rq_way(p, key);
-    if (!w)
-        return;
+// One delay into way `w`'s pending histogram.
+static __always_inline void rq_add(struct rq_pend *w, u64 delay_ns) {
     u64 units = delay_ns >> 10;
     // A 64-bit index, clamped in the register that indexes: with a u32, clang zero-extends one
     // copy for the comparison and another for the index, and the 6.1 verifier, not linking the
@@ -237,42 +240,47 @@ static __always_inline u64 rq_cgroup_id(void *cgrp) {
 // tp_btf sched_switch (collectors/bpfenv/rawtp.py attaches it): ctx[0] preempt, ctx[1] prev
 // (current), ctx[2] next, ctx[3] prev_state (raw task state, not the tracepoint's TASK_REPORT).
 int pb_runqlat_switch(unsigned long long *ctx) {
-    int zero_idx = 0;
-    struct rq_cpu *p = rq_park.lookup(&zero_idx);
-    if (!p)
-        return 0;
     void *prev = (void *)ctx[1];
     void *next = (void *)ctx[2];
-    // The idle task never arrives (pcount stays 0), and a task parked before this program saw
-    // its switch-in, or reused memory of an exited one, fails the one-arrival check.
-    if (p->task == (u64)prev && PB_LOAD(u64, prev, PB_OFF_PCOUNT) == p->pcount + 1) {
-        u64 delay = PB_LOAD(u64, prev, PB_OFF_RUN_DELAY) - p->run_delay;
+    // The idle task is never queued (last_queued stays 0), as a task switched in again without
+    // having been queued (the kernel then counts no arrival either).
+    u64 queued = PB_LOAD(u64, next, PB_OFF_LAST_QUEUED);
+    if (queued) {
+        struct rq_cpu *c = rq_this_cpu();
+        if (!c)
+            return 0;
+        // This CPU's run queue through prev's scheduling entity: prev runs here, so its
+        // se.cfs_rq->rq is this CPU's rq (both were just used to switch it out).
+        void *rq = PB_LOAD(void *, PB_LOAD(void *, prev, PB_OFF_SE_CFS_RQ), PB_OFF_CFS_RQ_RQ);
+        u64 delay = PB_LOAD(u64, rq, PB_OFF_RQ_CLOCK) - queued;
 #ifdef PB_KEY_PID
-        rq_account(p, delay, PB_LOAD(u32, prev, PB_OFF_TGID));
+        rq_add(rq_way(c, PB_LOAD(u32, next, PB_OFF_TGID)), delay);
 #else
-        void *cset = PB_LOAD(void *, prev, PB_OFF_CGROUPS);
-        u64 key = p->cset_key;
-        if ((u64)cset != p->cset) {  // a css_set names one v2 cgroup: its id only on a change
-            key = rq_cgroup_id(PB_LOAD(void *, cset, PB_OFF_DFL_CGRP));
-            asm volatile("" : "+r"(key));  // keeps clang from merging this load with cset_key's
-            p->cset = (u64)cset;
-            p->cset_key = key;
+        // A css_set names one v2 cgroup, so while the css_sets switched in stay the same the
+        // most recent way is that cgroup's: its id is read only on a change.
+        void *cset = PB_LOAD(void *, next, PB_OFF_CGROUPS);
+        struct rq_pend *w;
+        if ((u64)cset == c->cset) {
+            w = &c->way[c->mru & (PB_WAYS - 1)];
+        } else {
+            c->cset = (u64)cset;
+            w = rq_way(c, rq_cgroup_id(PB_LOAD(void *, cset, PB_OFF_DFL_CGRP)));
         }
-        rq_account(p, delay, key);
+        rq_add(w, delay);
 #endif
     }
     if ((u32)ctx[3] & PB_TASK_DEAD) {
+        struct rq_cpu *c = rq_this_cpu();
+        if (!c)
+            return 0;
 #ifdef PB_KEY_PID
-        rq_flush_key(PB_LOAD(u32, prev, PB_OFF_TGID));
+        rq_flush_key(c, PB_LOAD(u32, prev, PB_OFF_TGID));
 #else
         void *cgrp = rq_dfl_cgroup(prev);
         if (PB_LOAD(int, cgrp, PB_OFF_POPULATED) == 0)
-            rq_flush_key(rq_cgroup_id(cgrp));
+            rq_flush_key(c, rq_cgroup_id(cgrp));
 #endif
     }
-    p->task = (u64)next;
-    p->pcount = PB_LOAD(u64, next, PB_OFF_PCOUNT);
-    p->run_delay = PB_LOAD(u64, next, PB_OFF_RUN_DELAY);
     return 0;
 }
 
@@ -326,19 +334,18 @@ static __always_inline u64 rq_switched_in(struct rq_cpu *p, u32 next) {
 }
 
 TRACEPOINT_PROBE(sched, sched_switch) {
-    int zero_idx = 0;
-    struct rq_cpu *p = rq_park.lookup(&zero_idx);
+    struct rq_cpu *p = rq_this_cpu();
     if (!p)
         return 0;
     u32 prev = args->prev_pid;
     // current == prev: the delay parked when prev was switched in is now attributable.
     if (p->valid && p->pid == prev)
-        rq_account(p, p->delay_ns, rq_current_key());
+        rq_add(rq_way(p, rq_current_key()), p->delay_ns);
     p->valid = 0;
     // An exiting task's delays go to the hash now: once its cgroup's last task is gone the
     // cgroup can be removed, and its entry pruned, before another key would flush them.
     if (args->prev_state & PB_TASK_REPORT_EXIT)
-        rq_flush_key(rq_current_key());
+        rq_flush_key(p, rq_current_key());
     u64 now = rq_switched_in(p, args->next_pid);  // before prev's record can take next's slot
     if (prev && (args->prev_state & PB_TASK_REPORT_BITS) == 0)  // preempted: waiting again
         rq_runnable(prev, now ? now : bpf_ktime_get_ns());

@@ -48,7 +48,7 @@ class PerfConfig:
 @dataclass(frozen=True, kw_only=True)
 class RunqlatConfig:
     enabled: bool = setting(True, "Measure run-queue latency (wakeup -> switch-in delay) per container with eBPF.")
-    method: Literal["auto", "sched_info", "wakeup_stamps"] = setting("auto", "How waits are measured: sched_info reads the kernel's own per-task wait accounting (task->sched_info, offsets from the running kernel's BTF) at sched_switch only; wakeup_stamps stamps wakeups and preemptions itself (three tracepoints, a clock read per wait, no struct read); auto takes sched_info where the kernel has BTF and CONFIG_SCHED_INFO, else wakeup_stamps.")
+    method: Literal["auto", "sched_info", "wakeup_stamps"] = setting("auto", "How waits are measured: sched_info reads the kernel's own per-task wait accounting (task->sched_info, offsets from the running kernel's BTF) at sched_switch only; wakeup_stamps stamps wakeups and preemptions itself (three tracepoints, a clock read per wait, no struct read); auto takes sched_info where the kernel has BTF, CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED, else wakeup_stamps.")
     max_keys: int = setting(10240, "Entries of the BPF map of per-cgroup latency histograms (cgroups or, on v1-only hosts, processes).", min=64, max=1 << 20)
     max_tasks: int = setting(65536, "wakeup_stamps only: slots of the BPF array of runnable-since times, indexed by thread id (rounded up to a power of two; two threads waiting at once whose ids share the low bits lose one wait).", min=1024, max=1 << 22)
 

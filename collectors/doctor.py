@@ -16,6 +16,7 @@ from collectors.bpfenv.loader import bcc_version, cgroup_keys_usable, prepare
 from collectors.bpfenv.tracefs import tracefs_mounted, tracepoints
 from collectors.config import CollectorsConfig
 from collectors.events import parse_events
+from perfbalance import cpus
 from perfbalance.errors import FeatureUnavailable, ParseError
 from perfbalance.host import HostPaths
 
@@ -68,13 +69,14 @@ def rendered_programs(config: CollectorsConfig, host: HostPaths) -> list[Rendere
     if config.perf.mode in ("auto", "bpf"):
         events, _ = perf.choose_events(parse_events(config.perf.events), cpu=perf.online_cpus(host.sysfs)[0])
         wanted.append(("pmu", "perf", perf.bpf_defines(config.perf, nevents=len(events),
-                                                       ncpu=perf.possible_cpus(host.sysfs), pid_keys=pid_keys)))
+                                                       ncpu=cpus.possible_cpus(host.sysfs), pid_keys=pid_keys)))
     if config.runqlat.enabled:
         try:
             layout, _ = runqlat.choose_layout(config.runqlat, host)
         except FeatureUnavailable:  # sched_info asked for and unavailable: the collector won't start
             layout = None
-        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys, layout=layout)))
+        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys, layout=layout,
+                                                                       ncpu=cpus.possible_cpus(host.sysfs))))
     return [RenderedProgram(name=name, collector=collector, cflags=tuple(bpf.cflags(name, defines)),
                             text=bpf.render(name, defines)) for name, collector, defines in wanted]
 

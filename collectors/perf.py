@@ -107,19 +107,6 @@ def online_cpus(sysfs: str = "/sys") -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def possible_cpus(sysfs: str = "/sys") -> int:
-    """Highest possible CPU + 1 (the perf array's stride); an unparsable list raises ParseError."""
-    try:
-        possible = cpus.read_cpu_list(sysfs, "possible")
-    except OSError:
-        possible = None
-    if possible is None:
-        return os.cpu_count() or 1
-    if not possible:
-        raise ParseError("cpu list possible", "", "empty", source=sysfs)
-    return max(possible) + 1
-
-
 def probe_events(names: Sequence[str] = ("cycles", "instructions", "llc_references", "llc_misses",
                                          "task_clock", "context_switches", "cpu_migrations"),
                  *, cpu: int = 0) -> dict[str, str]:
@@ -307,7 +294,7 @@ class BpfPerfCollector(_Base):
             if not kernel_ok(env.version, "bpf_perf_event_read_value"):
                 raise FeatureUnavailable("bpf", f"kernel {env.release} < 4.15 (no bpf_perf_event_read_value)")
             pid_keys = not env.cgroup_keys if self._force_pid_keys is None else self._force_pid_keys
-            ncpu = possible_cpus(self.host.sysfs)
+            ncpu = cpus.possible_cpus(self.host.sysfs)
             self.defines = bpf_defines(self.config, nevents=len(self.events), ncpu=ncpu, pid_keys=pid_keys)
             self._bpf = env.load(bpf.render("pmu", self.defines))
             self._open_into(self._bpf[b"pmu_events"], ncpu)

@@ -6,10 +6,10 @@ node, with or without a PMU. bpf/runqlat.bpf.c keeps, per cgroup, a cumulative l
 wakeup -> switch-in delays (plus their sum), by one of two methods (`collectors.runqlat.method`):
 the kernel's own wait accounting read at sched_switch (sched_info: a tp_btf program whose struct
 offsets come from the running kernel's BTF, sched_info_layout) or its own stamps at wakeup and
-preemption (wakeup_stamps, the fallback where BTF or CONFIG_SCHED_INFO is missing). This module
-reads the histograms non-destructively,
-turns the deltas of one sample window into a histogram per container and its p50, p99 and mean,
-and prunes map entries of cgroups that are gone with the same sweep as the other BPF collectors.
+preemption (wakeup_stamps, the fallback where BTF, CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED
+is missing). This module reads the histograms non-destructively, turns the deltas of one sample
+window into a histogram per container and its p50, p99 and mean, and prunes map entries of
+cgroups that are gone with the same sweep as the other BPF collectors.
 
 Percentiles are interpolated linearly inside a log2 bucket, so they carry up to a factor of two
 of resolution error; they are meant for ratios (shared vs alone, before vs after a move), not
@@ -31,6 +31,7 @@ from collectors.bpfenv.counting import CountingProgram
 from collectors.bpfenv.keys import KeyMaps
 from collectors.bpfenv.rawtp import TP_BTF
 from collectors.config import RunqlatConfig
+from perfbalance import cpus
 from perfbalance.errors import FeatureUnavailable, PerfbalanceError
 from perfbalance.host import HostPaths
 from perfbalance.model import CollectorStatus, Container
@@ -128,8 +129,10 @@ FLUSH_SCHEDINFO = 4096
 SCHED_SWITCH_ARGS = ("bool", "struct task_struct *", "struct task_struct *", "unsigned int")
 # What the sched_info method reads: define -> (struct, member path, sizes, kinds).
 SCHEDINFO_MEMBERS: dict[str, tuple[str, str, tuple[int, ...], tuple[int, ...]]] = {
-    "PB_OFF_PCOUNT": ("task_struct", "sched_info.pcount", (8,), (INT,)),
-    "PB_OFF_RUN_DELAY": ("task_struct", "sched_info.run_delay", (8,), (INT,)),
+    "PB_OFF_LAST_QUEUED": ("task_struct", "sched_info.last_queued", (8,), (INT,)),
+    "PB_OFF_SE_CFS_RQ": ("task_struct", "se.cfs_rq", (8,), (PTR,)),  # CONFIG_FAIR_GROUP_SCHED
+    "PB_OFF_CFS_RQ_RQ": ("cfs_rq", "rq", (8,), (PTR,)),
+    "PB_OFF_RQ_CLOCK": ("rq", "clock", (8,), (INT,)),
     "PB_OFF_CGROUPS": ("task_struct", "cgroups", (8,), (PTR,)),
     "PB_OFF_DFL_CGRP": ("css_set", "dfl_cgrp", (8,), (PTR,)),
     "PB_OFF_KN": ("cgroup", "kn", (8,), (PTR,)),
@@ -150,7 +153,8 @@ class SchedInfoLayout:
 def sched_info_layout(btf: Btf) -> SchedInfoLayout:
     """The sched_info method's offsets from `btf`, or FeatureUnavailable naming what is missing
     or not as the program reads it (a kernel without CONFIG_SCHED_INFO has no
-    task_struct.sched_info.pcount; one before 5.18 has no prev_state argument)."""
+    task_struct.sched_info.last_queued, one without CONFIG_FAIR_GROUP_SCHED no
+    task_struct.se.cfs_rq; one before 5.18 has no prev_state argument)."""
     btf_id, args = btf.raw_tracepoint("sched_switch")
     if tuple(args) != SCHED_SWITCH_ARGS:
         raise FeatureUnavailable("btf", f"{btf.source}: sched_switch arguments are ({', '.join(args)}), "
@@ -165,11 +169,12 @@ def host_layout(host: HostPaths) -> SchedInfoLayout:
     return sched_info_layout(Btf.read(os.path.join(host.sysfs, VMLINUX)))
 
 
-def bpf_defines(config: RunqlatConfig, *, pid_keys: bool, layout: SchedInfoLayout | None = None
+def bpf_defines(config: RunqlatConfig, *, pid_keys: bool, ncpu: int, layout: SchedInfoLayout | None = None
                 ) -> dict[str, bpf.DefineValue]:
-    """The -D flags of bpf/runqlat.bpf.c for this configuration (pure: `doctor --dump-bpf`):
-    the sched_info method's when `layout` is given, else the wakeup stamps'."""
-    common: dict[str, bpf.DefineValue] = {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys}
+    """The -D flags of bpf/runqlat.bpf.c for this configuration (pure: `doctor --dump-bpf`) on a
+    node of `ncpu` possible CPUs: the sched_info method's when `layout` is given, else the wakeup
+    stamps'."""
+    common: dict[str, bpf.DefineValue] = {"PB_MAX_KEYS": config.max_keys, "PB_KEY_PID": pid_keys, "PB_NCPU": ncpu}
     if layout is not None:
         return {**common, "PB_FLUSH": FLUSH_SCHEDINFO, "PB_SCHEDINFO": True, **layout.offsets}
     return {**common, "PB_FLUSH": FLUSH, "PB_TASK_BITS": max(10, (config.max_tasks - 1).bit_length())}
@@ -229,8 +234,9 @@ class RunqlatCollector(CountingProgram):
 
     def _load(self, layout: SchedInfoLayout | None, **detail: Any) -> CollectorStatus:
         raw = None if layout is None else (bpf.SCHEDINFO_FUNCTION, layout.btf_id, "sched_switch")
-        return self.load("runqlat", lambda pid_keys: bpf_defines(self.config, pid_keys=pid_keys, layout=layout),
-                         counts="rq_hist", pending="rq_pend", counts_field="pend", fields=FIELDS,
+        ncpu = cpus.possible_cpus(self.host.sysfs)
+        return self.load("runqlat", lambda pid_keys: bpf_defines(self.config, pid_keys=pid_keys, ncpu=ncpu, layout=layout),
+                         counts="rq_hist", pending="rq_cpus", ways_field="way", counts_field="pend", fields=FIELDS,
                          max_keys=self.config.max_keys, raw_tp=raw,
                          method="wakeup_stamps" if layout is None else "sched_info", **detail)
 

@@ -1,7 +1,7 @@
 """Which CPUs the kernel has online and possible: the one reader of sysfs CPU lists.
 
-Discovery (the topology), the perf collector (one counter per online CPU) and the BPF perf
-array (one slot per possible CPU) all read these; sysfs root passed in.
+Discovery (the topology), the perf collector (one counter per online CPU) and the BPF arrays
+with a slot per possible CPU (the perf events, runqlat's per-CPU state) all read these; sysfs root passed in.
 """
 
 from __future__ import annotations
@@ -52,3 +52,17 @@ def _cpu_online(base: str, cpu: int) -> bool:
     if text and not text.isdigit():
         raise ParseError("cpu online file", text, "expected 0 or 1", source=path)
     return not text or int(text) != 0
+
+
+def possible_cpus(sysfs: str = "/sys") -> int:
+    """Highest possible CPU + 1 (the stride of BPF arrays with a slot per CPU); an unparsable list
+    raises ParseError."""
+    try:
+        possible = read_cpu_list(sysfs, "possible")
+    except OSError:
+        possible = None
+    if possible is None:
+        return os.cpu_count() or 1
+    if not possible:
+        raise ParseError("cpu list possible", "", "empty", source=sysfs)
+    return max(possible) + 1

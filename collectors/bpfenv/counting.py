@@ -38,9 +38,10 @@ class CountingProgram:
 
     def load(self, program: str, defines_of: Callable[[bool], dict[str, bpf.DefineValue]], *, counts: str,
              pending: str, counts_field: str, fields: Sequence[str], max_keys: int,
-             raw_tp: tuple[str, int, str] | None = None, **detail: Any) -> CollectorStatus:
-        """Compile and attach bpf/<program>.bpf.c; `counts` is its hash, `pending` its per-CPU
-        array of not yet flushed counts; `raw_tp` (function, BTF id of btf_trace_<event>, event):
+             ways_field: str | None = None, raw_tp: tuple[str, int, str] | None = None,
+             **detail: Any) -> CollectorStatus:
+        """Compile and attach bpf/<program>.bpf.c; `counts` is its hash, `pending` its array of
+        not yet flushed counts (see PendingSlots for `ways_field`); `raw_tp` (function, BTF id of btf_trace_<event>, event):
         a function of it to attach as a tp_btf program (bcc attaches the TRACEPOINT_PROBEs).
         Raises FeatureUnavailable, PerfbalanceError or OSError."""
         env = prepare(self.host, need=[program])
@@ -58,7 +59,8 @@ class CountingProgram:
         self._map = CountingMap(self._bpf[counts.encode()], fields=fields, batch=env.batch_reads,
                                 max_keys=max_keys, live=live, name=counts,
                                 pending=PendingSlots(self._bpf[pending.encode()], key_field="key",
-                                                     counts_field=counts_field, fields=fields))
+                                                     counts_field=counts_field, fields=fields,
+                                                     ways_field=ways_field))
         self._keys = (self.keymaps or KeyMaps(self.cgroupfs, procfs=self.host.procfs)).get(pid_keys=pid_keys)
         return self._set(True, "", source="bpf", keys="pid" if pid_keys else "cgroup_id",
                          headers=env.headers.source, headers_release=env.headers.release, **detail)

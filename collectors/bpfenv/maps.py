@@ -23,7 +23,7 @@ import ctypes
 import errno
 import logging
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from collectors.bpfenv.keys import LiveKeys, stale_keys
@@ -140,21 +140,31 @@ def _lookup_batch() -> Any:
 
 
 class PendingSlots:
-    """The per-CPU pending slots of a program that flushes into its hash by batches.
+    """The pending slots of a program that flushes into its hash by batches, one or more per CPU.
 
-    `table` is a BPF_PERCPU_ARRAY whose every entry (one per key a CPU gathers for at once) has
-    the key being gathered in `key_field` and the counts not yet added to the hash in
-    `counts_field` (a struct with the hash value's `fields`). read() gives key -> counts summed
-    over the CPUs and entries gathering for it."""
+    `table` is an array whose entries each hold one slot: the key being gathered in `key_field`
+    and the counts not yet added to the hash in `counts_field` (a struct with the hash value's
+    `fields`). A BPF_PERCPU_ARRAY gives one such entry per CPU at each index. With `ways_field`,
+    an entry is instead one CPU's struct whose `ways_field` array holds its slots (a plain array
+    indexed by CPU). read() gives key -> counts summed over the CPUs and slots gathering for it."""
 
-    def __init__(self, table: Any, *, key_field: str, counts_field: str, fields: Sequence[str]) -> None:
+    def __init__(self, table: Any, *, key_field: str, counts_field: str, fields: Sequence[str],
+                 ways_field: str | None = None) -> None:
         self.table, self.key_field, self.counts_field = table, key_field, counts_field
+        self.ways_field = ways_field
         self.fields = tuple(fields)
         self._indexes = [table.Key(i) for i in range(int(getattr(table, "max_entries", 1)))]
+        self._get = getattr(table, "getvalue", None) or table.__getitem__  # per-CPU: every CPU's value
+
+    def _slots(self) -> Iterator[Any]:
+        for i in self._indexes:
+            value = self._get(i)
+            for entry in (value if isinstance(value, (list, ctypes.Array)) else (value,)):  # per CPU
+                yield from (getattr(entry, self.ways_field) if self.ways_field else (entry,))
 
     def read(self) -> dict[int, tuple[int, ...]]:
         out: dict[int, tuple[int, ...]] = {}
-        for slot in (s for i in self._indexes for s in self.table.getvalue(i)):
+        for slot in self._slots():
             row = _flatten(getattr(slot, self.counts_field), self.fields)
             if not any(row):
                 continue

@@ -72,10 +72,14 @@ def kernel_like(*, with_sched_info: bool = True, prev_state: bool = True) -> byt
     kernfs = b.struct_("kernfs_node", 128, [("id", u64, 96)])
     cgroup = b.struct_("cgroup", 512, [("nr_populated_csets", i32, 236), ("kn", b.ptr(kernfs), 256)])
     css_set = b.struct_("css_set", 256, [("dfl_cgrp", b.ptr(cgroup), 112)])
+    rq = b.struct_("rq", 4096, [("clock", u64, 2776)])
+    cfs_rq = b.struct_("cfs_rq", 512, [("rq", b.ptr(rq), 312)])
     task = b.placeholder_struct("task_struct")
-    members = [("tgid", b.typedef("pid_t", i32), 1268), ("cgroups", b.ptr(css_set), 2376)]
+    se = b.struct_("sched_entity", 256, [("cfs_rq", b.ptr(cfs_rq), 72)])
+    members = [("tgid", b.typedef("pid_t", i32), 1268), ("cgroups", b.ptr(css_set), 2376), ("se", se, 224)]
     if with_sched_info:
-        sched_info = b.struct_("sched_info", 48, [("pcount", ulong, 0), ("run_delay", u64, 8)])
+        sched_info = b.struct_("sched_info", 48, [("pcount", ulong, 0), ("run_delay", u64, 8),
+                                                  ("last_queued", u64, 40)])
         anon = b.struct_("", 64, [("sched_info", sched_info, 8)], union=True)
         members.append(("", anon, 1000))
     b.fill(task, 4096, members)

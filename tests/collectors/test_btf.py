@@ -21,9 +21,10 @@ VMLINUX = "/sys/kernel/btf/vmlinux"
 
 def test_offsets_are_summed_through_anonymous_unions_and_typedefs_resolved() -> None:
     layout = sched_info_layout(Btf(kernel_like(), source="test.btf"))
-    assert dict(layout.offsets) == {"PB_OFF_PCOUNT": 1008, "PB_OFF_RUN_DELAY": 1016, "PB_OFF_CGROUPS": 2376,
-                                    "PB_OFF_DFL_CGRP": 112, "PB_OFF_KN": 256, "PB_OFF_KN_ID": 96,
-                                    "PB_OFF_POPULATED": 236, "PB_OFF_TGID": 1268}
+    assert dict(layout.offsets) == {"PB_OFF_LAST_QUEUED": 1048, "PB_OFF_SE_CFS_RQ": 296, "PB_OFF_CFS_RQ_RQ": 312,
+                                    "PB_OFF_RQ_CLOCK": 2776, "PB_OFF_CGROUPS": 2376, "PB_OFF_DFL_CGRP": 112,
+                                    "PB_OFF_KN": 256, "PB_OFF_KN_ID": 96, "PB_OFF_POPULATED": 236,
+                                    "PB_OFF_TGID": 1268}
     btf = Btf(kernel_like())
     assert btf.member("task_struct", "tgid").size == 4  # through typedef pid_t
     assert btf.member("task_struct", "cgroups").kind == PTR
@@ -32,7 +33,7 @@ def test_offsets_are_summed_through_anonymous_unions_and_typedefs_resolved() -> 
 
 
 def test_a_kernel_without_sched_info_is_named_and_nothing_else_guessed() -> None:
-    with pytest.raises(FeatureUnavailable, match=r"test.btf: struct task_struct has no member sched_info.pcount"):
+    with pytest.raises(FeatureUnavailable, match=r"test.btf: struct task_struct has no member sched_info.last_queued"):
         sched_info_layout(Btf(kernel_like(with_sched_info=False), source="test.btf"))
 
 
@@ -89,8 +90,10 @@ def _bpftool_members(struct_name: str) -> dict[str, int]:
 def test_this_kernels_offsets_agree_with_bpftool() -> None:
     layout = sched_info_layout(Btf.read(VMLINUX))
     task, sched_info = _bpftool_members("task_struct"), _bpftool_members("sched_info")
-    assert layout.offsets["PB_OFF_RUN_DELAY"] == task["sched_info"] + sched_info["run_delay"]
-    assert layout.offsets["PB_OFF_PCOUNT"] == task["sched_info"] + sched_info["pcount"]
+    assert layout.offsets["PB_OFF_LAST_QUEUED"] == task["sched_info"] + sched_info["last_queued"]
+    assert layout.offsets["PB_OFF_SE_CFS_RQ"] == task["se"] + _bpftool_members("sched_entity")["cfs_rq"]
+    assert layout.offsets["PB_OFF_CFS_RQ_RQ"] == _bpftool_members("cfs_rq")["rq"]
+    assert layout.offsets["PB_OFF_RQ_CLOCK"] == _bpftool_members("rq")["clock"]
     assert layout.offsets["PB_OFF_CGROUPS"] == task["cgroups"]
     assert layout.offsets["PB_OFF_KN"] == _bpftool_members("cgroup")["kn"]
     assert layout.offsets["PB_OFF_KN_ID"] == _bpftool_members("kernfs_node")["id"]

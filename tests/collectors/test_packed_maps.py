@@ -181,3 +181,26 @@ def test_pending_slots_read_every_way_of_every_cpu() -> None:
                    [_Slot(0, (0, 0, 0)), _Slot(0, (0, 0, 0))]])
     slots = PendingSlots(table, key_field="key", counts_field="n", fields=("zmm", "evex256", "all"))
     assert slots.read() == {7: (5, 0, 0), 8: (0, 2, 3)}
+
+
+class _CpuBlocks:
+    """A plain BPF_ARRAY indexed by CPU whose entry holds that CPU's ways (runqlat's rq_cpus):
+    bcc's Array has no getvalue, an entry is read by index and is one struct, not a CPU list."""
+
+    def __init__(self, ways_per_cpu: list[list[_Slot]]) -> None:
+        self.blocks = [type("Cpu", (), {"way": ways})() for ways in ways_per_cpu]
+        self.max_entries = len(ways_per_cpu)
+
+    def Key(self, i: int) -> int:  # noqa: N802 (bcc's name)
+        return i
+
+    def __getitem__(self, key: int) -> object:
+        return self.blocks[key]
+
+
+def test_pending_slots_read_the_ways_inside_each_cpus_entry() -> None:
+    table = _CpuBlocks([[_Slot(7, (1, 0, 0)), _Slot(8, (0, 2, 0)), _Slot(0, (0, 0, 0))],
+                        [_Slot(8, (0, 0, 3)), _Slot(7, (4, 0, 0)), _Slot(9, (0, 0, 0))]])
+    slots = PendingSlots(table, key_field="key", counts_field="n", fields=("zmm", "evex256", "all"),
+                         ways_field="way")
+    assert slots.read() == {7: (5, 0, 0), 8: (0, 2, 3)}

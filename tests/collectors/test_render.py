@@ -59,6 +59,7 @@ def test_cflags_are_the_rendered_defines_as_d_flags() -> None:
 def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_path) -> None:
     from collectors import avx512, doctor, runqlat
     from collectors.config import Avx512Config, CollectorsConfig, PerfConfig, RunqlatConfig
+    from perfbalance import cpus
     from perfbalance.host import HostPaths
 
     (tmp_path / "proc/sys/kernel").mkdir(parents=True)
@@ -71,7 +72,7 @@ def test_dump_bpf_renders_each_enabled_program_with_the_collectors_defines(tmp_p
     programs = doctor.rendered_programs(config, host)
     assert [p.name for p in programs] == ["avx512", "runqlat"]  # perf off: no pmu program
     want = {"avx512": avx512.bpf_defines(config.avx512, pid_keys=False),
-            "runqlat": runqlat.bpf_defines(config.runqlat, pid_keys=False)}
+            "runqlat": runqlat.bpf_defines(config.runqlat, pid_keys=False, ncpu=cpus.possible_cpus(str(tmp_path / "sys")))}
     for p in programs:
         assert p.text == bpf.render(p.name, want[p.name])
         assert f"-DPB_MAX_KEYS={want[p.name]['PB_MAX_KEYS']}" in p.cflags
@@ -94,7 +95,7 @@ def test_dump_bpf_renders_runqlat_with_the_offsets_this_kernels_btf_gives(tmp_pa
         config = CollectorsConfig(perf=PerfConfig(mode="off"), runqlat=RunqlatConfig(method=method))
         rq = next(p for p in doctor.rendered_programs(config, host) if p.name == "runqlat")
         assert ("-DPB_SCHEDINFO" in rq.cflags) is sched_info, (method, rq.cflags)
-        assert ("-DPB_OFF_RUN_DELAY=1016" in rq.cflags) is sched_info
+        assert ("-DPB_OFF_LAST_QUEUED=1048" in rq.cflags) is sched_info
         assert ("-DPB_TASK_BITS=16" in rq.cflags) is not sched_info
 
 
