@@ -10,13 +10,13 @@
 // (sched_info_arrive(), kernel/sched/stats.h). That happens in context_switch(), just after the
 // sched_switch tracepoint, with no clock update between the two. So at the tracepoint this
 // program computes the very same difference for `next` (rq->clock read through prev's
-// se.cfs_rq->rq: prev runs on this CPU) and accounts it to next's cgroup: no clock is read, no
-// wakeup is traced, nothing is parked, and no helper is called on the way (loads through the
-// BTF-typed task pointers are plain instructions; on a CPU with retpolines and return thunks each
-// helper call here costs 40-80 ns). A task switched in without having been queued
-// (last_queued 0, as the idle task always is) has no wait, and the kernel counts no arrival. The
-// key is next's v2 cgroup id, read as bpf_get_current_cgroup_id() does
-// (task->cgroups->dfl_cgrp->kn->id), only when next's css_set differs from the last one here.
+// se.cfs_rq->rq: prev runs on this CPU) and accounts it to next's cgroup: no clock is read (the
+// scheduler's own reading is loaded), no wakeup is traced, nothing is parked, and no helper is
+// called on the way (loads through the BTF-typed task pointers are plain instructions; on a CPU
+// with retpolines and return thunks each helper call here costs 40-80 ns). A task switched in
+// without having been queued (last_queued 0, as the idle task always is) has no wait, and the
+// kernel counts no arrival. The key is next's v2 cgroup id, read as bpf_get_current_cgroup_id()
+// does (task->cgroups->dfl_cgrp->kn->id), only when next's css_set differs from the last one here.
 // Offsets come from the running kernel's BTF as defines (collectors/bpfenv/btf.py; the verifier
 // checks each load against the same BTF): PB_OFF_LAST_QUEUED, PB_OFF_SE_CFS_RQ, PB_OFF_CFS_RQ_RQ,
 // PB_OFF_RQ_CLOCK, PB_OFF_CGROUPS, PB_OFF_DFL_CGRP, PB_OFF_KN, PB_OFF_KN_ID, PB_OFF_POPULATED
