@@ -66,17 +66,18 @@ def rendered_programs(config: CollectorsConfig, host: HostPaths) -> list[Rendere
     wanted: list[tuple[str, str, dict[str, bpf.DefineValue]]] = []
     if config.avx512.enabled and config.avx512.source in ("auto", "bpf"):
         wanted.append(("avx512", "avx512", avx512.bpf_defines(config.avx512, pid_keys=pid_keys)))
+    ncpu = cpus.possible_cpus(host.sysfs)  # the stride of the pmu's and runqlat's per-CPU arrays
     if config.perf.mode in ("auto", "bpf"):
         events, _ = perf.choose_events(parse_events(config.perf.events), cpu=perf.online_cpus(host.sysfs)[0])
-        wanted.append(("pmu", "perf", perf.bpf_defines(config.perf, nevents=len(events),
-                                                       ncpu=cpus.possible_cpus(host.sysfs), pid_keys=pid_keys)))
+        wanted.append(("pmu", "perf", perf.bpf_defines(config.perf, nevents=len(events), ncpu=ncpu,
+                                                       pid_keys=pid_keys)))
     if config.runqlat.enabled:
         try:
             layout, _ = runqlat.choose_layout(config.runqlat, host)
         except FeatureUnavailable:  # sched_info asked for and unavailable: the collector won't start
             layout = None
-        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys, layout=layout,
-                                                                       ncpu=cpus.possible_cpus(host.sysfs))))
+        wanted.append(("runqlat", "runqlat", runqlat.bpf_defines(config.runqlat, pid_keys=pid_keys, ncpu=ncpu,
+                                                                       layout=layout)))
     return [RenderedProgram(name=name, collector=collector, cflags=tuple(bpf.cflags(name, defines)),
                             text=bpf.render(name, defines)) for name, collector, defines in wanted]
 

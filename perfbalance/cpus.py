@@ -1,7 +1,8 @@
 """Which CPUs the kernel has online and possible: the one reader of sysfs CPU lists.
 
 Discovery (the topology), the perf collector (one counter per online CPU) and the BPF arrays
-with a slot per possible CPU (the perf events, runqlat's per-CPU state) all read these; sysfs root passed in.
+with a slot per possible CPU (the perf events, runqlat's per-CPU state) all read these; sysfs
+root passed in.
 """
 
 from __future__ import annotations

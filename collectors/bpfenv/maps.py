@@ -10,8 +10,8 @@ items_lookup_batch builds a ctypes object per entry and _flatten a tuple per fie
 that was most of a BPF collector's cycle, for entries of idle containers that had not moved.
 
 A program that gathers counts per CPU before adding them to its hash (bpf/avx512.bpf.c,
-bpf/runqlat.bpf.c) also has a per-CPU pending slot: (the key it gathers for, counts not yet in
-the hash). CountingMap reads those slots after the hash (PendingSlots) and counts their change
+bpf/runqlat.bpf.c) also has pending slots per CPU (avx512 one, runqlat one per recent key): (the
+key it gathers for, counts not yet in the hash). CountingMap reads those slots after the hash (PendingSlots) and counts their change
 since the last read, so a count is in the window it happened in, not only once its CPU flushes
 (a CPU-bound thread alone on a core may switch a few times a minute).
 """

@@ -37,10 +37,12 @@ class BtfBuilder:
     def typedef(self, name: str, to: int) -> int:
         return self._add(name, TYPEDEF, 0, to)
 
+    def _members(self, members: list[tuple[str, int, int]]) -> bytes:
+        """members: (name, type id, byte offset), as a struct's member records."""
+        return b"".join(struct.pack("<III", self._str(n), t, off * 8) for n, t, off in members)
+
     def struct_(self, name: str, size: int, members: list[tuple[str, int, int]], *, union: bool = False) -> int:
-        """members: (name, type id, byte offset)."""
-        extra = b"".join(struct.pack("<III", self._str(n), t, off * 8) for n, t, off in members)
-        return self._add(name, UNION if union else STRUCT, len(members), size, extra)
+        return self._add(name, UNION if union else STRUCT, len(members), size, self._members(members))
 
     def placeholder_struct(self, name: str) -> int:
         """A struct to be filled in later (for self-referencing pointers): returns its id."""
@@ -50,8 +52,8 @@ class BtfBuilder:
         return len(self.types)
 
     def fill(self, tid: int, size: int, members: list[tuple[str, int, int]]) -> None:
-        extra = b"".join(struct.pack("<III", self._str(n), t, off * 8) for n, t, off in members)
-        self.types[tid - 1] = struct.pack("<III", self._str(self._pending[tid]), (STRUCT << 24) | len(members), size) + extra
+        self.types[tid - 1] = (struct.pack("<III", self._str(self._pending[tid]), (STRUCT << 24) | len(members), size)
+                               + self._members(members))
 
     def proto(self, ret: int, params: list[tuple[str, int]]) -> int:
         extra = b"".join(struct.pack("<II", self._str(n), t) for n, t in params)

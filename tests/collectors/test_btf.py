@@ -4,6 +4,7 @@ against bpftool's independent reading of it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -74,10 +75,16 @@ def test_a_missing_file_is_named(tmp_path) -> None:  # type: ignore[no-untyped-d
         Btf.read(str(tmp_path / "vmlinux"))
 
 
+@functools.cache
+def _bpftool_dump() -> str:
+    """bpftool's reading of the kernel's BTF (one dump for every struct asked about)."""
+    return subprocess.run(["bpftool", "btf", "dump", "file", VMLINUX], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def _bpftool_members(struct_name: str) -> dict[str, int]:
     """Byte offsets of struct_name's direct members, as bpftool reads the kernel's BTF."""
-    out = subprocess.run(["bpftool", "btf", "dump", "file", VMLINUX], capture_output=True, text=True,
-                         check=True).stdout
+    out = _bpftool_dump()
     head = re.search(rf"^\[\d+\] STRUCT '{struct_name}' size=\d+ vlen=(\d+)\n", out, re.M)
     assert head, struct_name
     lines = out[head.end():].splitlines()[:int(head.group(1))]
