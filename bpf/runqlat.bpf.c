@@ -242,8 +242,8 @@ static __always_inline u64 rq_cgroup_id(void *cgrp) {
 int pb_runqlat_switch(unsigned long long *ctx) {
     void *prev = (void *)ctx[1];
     void *next = (void *)ctx[2];
-    // The idle task is never queued (last_queued stays 0), as a task switched in again without
-    // having been queued (the kernel then counts no arrival either).
+    // last_queued is 0 for the idle task (never queued) and for a task switched in without
+    // having been queued since its last run: no wait, and the kernel counts no arrival either.
     u64 queued = PB_LOAD(u64, next, PB_OFF_LAST_QUEUED);
     if (queued) {
         struct rq_cpu *c = rq_this_cpu();
