@@ -79,7 +79,7 @@ class RebalancerConfig:
     vm_overhead_mcpu: int = setting(0, "VMM overhead, in milli-CPU, added to a VM-sandboxed pod's CPU limits when sizing its vCPUs for the capacity constraint (the same meaning as vm.vmm_overhead_mcpu; keep the two equal).", min=0)
     # evaluation after a move
     settle_seconds: float = setting(30.0, "Time after a move before the victims' measured gain is compared with the prediction.", min=0.0)
-    rollback_fraction: float = setting(0.25, "A move judged by the model or the PMU (not by measured victim health) is rolled back when the realized gain is below this fraction of the predicted gain; one judged by measured health and helping less than this is kept, the shortfall noted.", min=0.0, max=1.0)
+    rollback_fraction: float = setting(0.25, "A move judged by the model or the PMU (not by measured victim health) is rolled back when the realized gain is below this fraction of the predicted gain; one judged by measured health and helping less than this is kept, the shortfall noted, when its measured drop is at least `health_clear_bands` noise bands.", min=0.0, max=1.0)
     # victim health and latency targets (rebalancer/health.py, rebalancer/latency.py)
     latency_targets: Mapping[str, float] = setting(factory=dict, doc="Latency-sensitive containers: selector (a glob on namespace/pod/container, or a container id) -> run-queue p99 target in seconds. The pod annotation perfbalance.io/runqueue-p99-target (e.g. 2ms) wins over these.")
     latency_sensitive_target: float = setting(0.005, "Run-queue p99 target, seconds, of a container annotated perfbalance.io/latency-sensitive: \"true\" without a target of its own.", min=1e-6)
@@ -91,7 +91,7 @@ class RebalancerConfig:
     health_windows: int = setting(8, "Windows of each container's measured wait kept to estimate its window-to-window noise.", min=3, max=100)
     health_noise_sigmas: float = setting(2.0, "Half-width of the noise band around a predicted health change, in standard deviations of the window-to-window variation.", min=0.0)
     health_noise_floor: float = setting(0.002, "Smallest window-to-window noise assumed for a victim's wait, seconds per second.", min=0.0)
-    health_clear_bands: float = setting(2.0, "A predicted drop of the victims' health loss at least this many noise bands wide is a clear prediction: if the measurement then shows no drop beyond the band, the move is rolled back (a narrower prediction with a flat measurement is left to the model or PMU check).", min=1.0)
+    health_clear_bands: float = setting(2.0, "A predicted drop of the victims' health loss at least this many noise bands wide is a clear prediction: if the measurement then shows no drop beyond the band, or only one under this many bands and under `rollback_fraction` of the prediction, the move is rolled back (a narrower prediction with such a measurement is left to the model or PMU check).", min=1.0)
 
     def hint_keys(self) -> HintKeys:
         return HintKeys(avx512=self.avx512_annotation, affinity=self.affinity_annotation,

@@ -15,10 +15,15 @@ Realized gain, in core-seconds per second, per victim:
 Measured health (rebalancer/health.py) judges first wherever the victims have it: the drop of
 their measured health loss (run-queue wait plus breached target, s/s, smoothed) against the drop
 predicted at decision time, with a noise band from each victim's window-to-window variation
-before the move, widened at judgement to the variation of the windows since the move. The measurement decides by its sign, beyond the band (`health_call`):
+before the move, widened at judgement to the variation of the windows since the move. The
+measurement decides by its sign, beyond the band (`health_call`):
 
-* it dropped beyond the band: the move helped and is kept, also when it helped less than
-  predicted (the shortfall is in the judgement: realized vs predicted, exported as ever);
+* it dropped beyond the band, and either reached `rollback_fraction` of the prediction or
+  dropped at least `health_clear_bands` bands: the move helped and is kept, also when it helped
+  less than predicted (the shortfall is in the judgement: realized vs predicted, exported as
+  ever). A drop just past the band that is also a small part of the prediction is what noise
+  alone gives now and then (the band is `health_noise_sigmas` wide), so it counts as inside the
+  band (below);
 * it rose beyond the band: the move made the victims worse, it is rolled back;
 * it stayed inside the band although the prediction was clear (at least `health_clear_bands`
   bands): the move did not do what it was made for, it is rolled back;
@@ -105,12 +110,14 @@ class Verdict:
 HealthCall = Literal["helped", "worse", "flat", "unclear"]
 
 
-def health_call(predicted: float, measured: float, band: float, clear_bands: float) -> HealthCall:
+def health_call(predicted: float, measured: float, band: float, clear_bands: float,
+                fraction: float) -> HealthCall:
     """What the measured drop of the victims' health loss says of the predicted one (both s/s,
-    `band` the noise band): "helped" (dropped beyond the band, by however much), "worse" (rose
-    beyond it), "flat" (inside it where a drop of at least `clear_bands` bands was predicted)
-    or "unclear" (inside it, the prediction too narrow to tell)."""
-    if measured > band:
+    `band` the noise band): "helped" (dropped beyond the band, and by at least `fraction` of the
+    prediction or `clear_bands` bands), "worse" (rose beyond the band), "flat" (no such drop where
+    one of at least `clear_bands` bands was predicted) or "unclear" (no such drop, the prediction
+    too narrow to tell)."""
+    if measured > band and (measured >= fraction * predicted or measured >= clear_bands * band):
         return "helped"
     if measured < -band:
         return "worse"
@@ -118,7 +125,7 @@ def health_call(predicted: float, measured: float, band: float, clear_bands: flo
 
 
 CALLS = {"worse": "the victims' measured health got worse beyond the noise band",
-         "flat": "no measured improvement beyond the noise band where a clear one was predicted",
+         "flat": "no measured improvement clearly beyond the noise band where a clear one was predicted",
          "unclear": "the measured change is inside the noise band; the model check decided"}
 
 
@@ -132,7 +139,7 @@ def judge(ctx: Context, p: Pending) -> Verdict:
         return Verdict(ok=model_ok, predicted=p.predicted, realized=realized, method=how)
     predicted, measured = health
     band = settled_band(ctx, p)
-    call = health_call(predicted, measured, band, ctx.config.health_clear_bands)
+    call = health_call(predicted, measured, band, ctx.config.health_clear_bands, ctx.config.rollback_fraction)
     ok = call == "helped" or (call == "unclear" and model_ok)
     why = "; ".join(x for x in (CALLS.get(call, ""), _throttled(ctx, p)) if x)
     return Verdict(ok=ok and (model_ok or how != "pmu"), predicted=predicted, realized=measured,

@@ -156,7 +156,7 @@ def test_a_move_the_measurement_contradicts_is_rolled_back_though_the_model_agre
     rollbacks = [a for a in p2.actions if a.kind == "rollback"]
     assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
     assert "throttled 60%" in rollbacks[0].reason
-    assert "no measured improvement beyond the noise band" in rollbacks[0].reason
+    assert "no measured improvement clearly beyond the noise band" in rollbacks[0].reason
     note = next(c for c in p2.considered if c.get("kind") == "evaluation")
     assert note["method"] == "health" and note["realized"] == pytest.approx(0.0)
 
@@ -179,10 +179,17 @@ def test_a_shortfall_inside_the_noise_band_is_not_a_contradiction() -> None:
     (0.43, 0.0, "flat"),  # a clear prediction (>= 2 bands), nothing measured
     (0.43, 0.01, "flat"),
     (0.015, 0.0, "unclear"),  # inside the band, and the prediction only 1.5 bands wide
+    # just past the band, a small part of the prediction: what noise gives now and then
+    (0.88, 0.013, "flat"),  # the quota-bound victim's move (e2e): 1.3 bands of 88 predicted
+    (0.88, 0.0199, "flat"),
+    (0.88, 0.02, "helped"),  # two bands: clearly beyond the noise, however short of 0.88
+    (0.04, 0.013, "helped"),  # a third of the prediction: past rollback_fraction (0.25)
+    (0.015, 0.011, "helped"),  # 73% of a narrow prediction
+    (0.3, 0.013, "flat"),  # under two bands and under a quarter of a clear prediction
 ])
 def test_the_measurement_decides_by_its_sign_beyond_the_noise_band(predicted: float, measured: float,
                                                                   call: str) -> None:
-    assert health_call(predicted, measured, 0.01, CFG.health_clear_bands) == call
+    assert health_call(predicted, measured, 0.01, CFG.health_clear_bands, CFG.rollback_fraction) == call
 
 
 def test_a_move_that_helped_less_than_predicted_is_kept_and_the_shortfall_is_noted() -> None:
@@ -193,6 +200,26 @@ def test_a_move_that_helped_less_than_predicted_is_kept_and_the_shortfall_is_not
     assert note["rejected"] == "kept: the move helped, less than predicted", note
     assert note["realized"] == pytest.approx(0.1)
     assert note["realized"] < CFG.rollback_fraction * note["predicted"]  # the old rule rolled it back
+
+
+@pytest.mark.parametrize(("wait", "kept"), [(0.392, False), (0.385, True)])
+def test_a_drop_just_past_the_band_and_far_short_of_the_prediction_is_no_help(wait: float, kept: bool) -> None:
+    # predicted ~0.88 s/s; the band, from the floor only (no history): 2 x 0.002 at decision,
+    # x sqrt(2) at judgement = 0.0057 s/s. A drop of 0.008 (1.4 bands, under 1% of the
+    # prediction) is what noise gives now and then: rolled back (the e2e quota test once kept
+    # such a move, measured 0.0074). Control: 0.015 (2.7 bands) is clearly beyond the noise, so
+    # the move helped, less than predicted.
+    p1, p2 = settle(rq(wait, 0.040))
+    assert p1.state.pending[0].health_band == pytest.approx(0.004)
+    note = next(c for c in p2.considered if c.get("kind") == "evaluation")
+    assert note["band"] == pytest.approx(0.004 * 2 ** 0.5, abs=1e-5)
+    rollbacks = [a for a in p2.actions if a.kind == "rollback"]
+    if kept:
+        assert not rollbacks and note["rejected"] == "kept: the move helped, less than predicted", note
+    else:
+        assert [(a.container, a.to) for a in rollbacks] == [("lat", "1")]
+        assert "no measured improvement clearly beyond the noise band" in rollbacks[0].reason
+    assert note["realized"] == pytest.approx(0.4 - wait)
 
 
 def test_a_move_after_which_the_victim_waits_longer_is_rolled_back() -> None:
@@ -222,7 +249,7 @@ def test_the_band_is_widened_to_the_noise_measured_since_the_move() -> None:
     note = next(c for c in p.considered if c.get("kind") == "evaluation")
     assert note["band"] > 0.2, note
     assert note["rejected"] == "rolled back", note
-    assert "no measured improvement beyond the noise band" in next(a.reason for a in p.actions if a.kind == "rollback")
+    assert "no measured improvement clearly beyond the noise band" in next(a.reason for a in p.actions if a.kind == "rollback")
 
 
 def test_steady_windows_since_the_move_keep_the_floor_band() -> None:
