@@ -180,7 +180,7 @@ def test_a_shortfall_inside_the_noise_band_is_not_a_contradiction() -> None:
     (0.43, 0.01, "flat"),
     (0.015, 0.0, "unclear"),  # inside the band, and the prediction only 1.5 bands wide
     # just past the band, a small part of the prediction: what noise gives now and then
-    (0.88, 0.013, "flat"),  # the quota-bound victim's move (e2e): 1.3 bands of 88 predicted
+    (0.88, 0.013, "flat"),  # like the quota-bound victim's move (e2e): 1.3 bands, 88 predicted
     (0.88, 0.0199, "flat"),
     (0.88, 0.02, "helped"),  # two bands: clearly beyond the noise, however short of 0.88
     (0.04, 0.013, "helped"),  # a third of the prediction: past rollback_fraction (0.25)
